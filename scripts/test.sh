@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, unit and integration tests, the browser test, and
+# the papermill regression run of every notebook under the `ci` profile.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
+
+# Browser tests drive Debian's Chromium; install it when we can (as root with apt).
+if [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "[test] installing Debian's chromium for the browser tests"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "[test] /usr/bin/chromium is missing and cannot be installed here: browser tests will be skipped"
+    fi
+fi
+
+echo "[test] ruff"
+.venv/bin/ruff check .
+echo "[test] hadolint docker/Dockerfile"
+.venv/bin/hadolint --config docker/hadolint.yaml docker/Dockerfile
+echo "[test] pytest"
+.venv/bin/python -m pytest "$@"
+echo "[test] workbench regress --profile ci"
+.venv/bin/workbench regress --profile ci --output-dir regress-out

@@ -1,0 +1,49 @@
+"""Shared fixtures. Tests never reach a hub: everything is built from local files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Set before transformers/datasets are imported by any test module.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests (tests/gpu/, marker `gpu`) run only where CUDA is usable."""
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:  # torch missing or broken: no GPU tests either
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with a working driver")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A small random BERT with a WordPiece tokenizer, saved like a hub download."""
+    from workbench.synthetic import make_tiny_bert
+
+    return make_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-bert")
+
+
+@pytest.fixture(scope="session")
+def sentiment_data():
+    """A generated, learnable sentiment task (DatasetDict: train 800 / validation 200)."""
+    from workbench.synthetic import make_dataset
+
+    return make_dataset()

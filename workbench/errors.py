@@ -1,0 +1,54 @@
+"""The workbench exception family.
+
+Every message says what went wrong *and what to do next*; the classes carry the
+data a caller (a widget, the CLI, a test) needs to act on the error.
+"""
+
+from __future__ import annotations
+
+
+class WorkbenchError(Exception):
+    """Base class. ``fix`` is the next step for the user, shown after the message."""
+
+    def __init__(self, message: str, fix: str | None = None):
+        self.message = message
+        self.fix = fix
+        super().__init__(f"{message} Fix: {fix}" if fix else message)
+
+
+class ConfigError(WorkbenchError, ValueError):
+    """A configuration field has a wrong value. Names the field and what is allowed."""
+
+    def __init__(self, field: str, value: object, allowed: str, fix: str | None = None):
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is not valid: allowed {allowed}.", fix)
+
+
+class DataError(WorkbenchError, ValueError):
+    """A dataset cannot be used as given (missing file or column, bad labels...)."""
+
+
+class ModelError(WorkbenchError):
+    """A model id or folder cannot be resolved or loaded."""
+
+
+class TrainingError(WorkbenchError, RuntimeError):
+    """Training stopped: NaN loss, out of memory at micro-batch 1, ... ``step`` is where."""
+
+    def __init__(self, message: str, fix: str | None = None, step: int | None = None):
+        self.step = step
+        super().__init__(message, fix)
+
+
+class CheckpointError(WorkbenchError):
+    """A checkpoint cannot be written or read."""
+
+
+class LabConfigError(WorkbenchError):
+    """The Jupyter server configuration is unsafe; the server refuses to start."""
+
+
+class RegressionError(WorkbenchError):
+    """A notebook failed or a metric regressed in `workbench regress`."""

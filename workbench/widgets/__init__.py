@@ -1,0 +1,1 @@
+"""Notebook views. The only package that imports ipywidgets and IPython.display."""
