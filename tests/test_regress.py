@@ -1,0 +1,436 @@
+"""`workbench regress`: real papermill runs of the tiny notebooks in tests/fixtures/regress.
+
+Kernel starts are the slow part on two busy cores, so one CLI run (`--jobs 2`)
+executes all four fixture notebooks and most tests read its report; a few tests
+need a run of their own (baseline update, notebook timeout, kernel start failure).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from workbench import regress as rg
+from workbench.errors import RegressionError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "regress"
+FIXTURE_ARGS = ["--root", str(FIXTURES), "--profiles-file", "profiles.yaml", "--profile", "fixtures"]
+
+
+def workbench_cli() -> list[str]:
+    """The installed console script, as CI runs it (.venv/bin/workbench)."""
+    script = Path(sys.executable).parent / "workbench"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "workbench"]
+
+
+def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*workbench_cli(), "regress", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def library_args(tmp_path: Path, baselines: Path | None = None) -> dict:
+    return dict(
+        root=FIXTURES,
+        profiles_file="profiles.yaml",
+        baselines_file=baselines or FIXTURES / "baselines.yaml",
+        output_dir=tmp_path / "out",
+        log=lambda line: None,
+    )
+
+
+@pytest.fixture(scope="module")
+def fixture_run(tmp_path_factory):
+    """All four fixture notebooks through the real CLI; returns (process, report, output dir)."""
+    tmp = tmp_path_factory.mktemp("regress")
+    baselines = tmp / "baselines.yaml"
+    shutil.copy(FIXTURES / "baselines.yaml", baselines)
+    out = tmp / "out"
+    proc = run_cli(
+        *FIXTURE_ARGS, "--baselines-file", str(baselines), "--output-dir", str(out), "--jobs", "2"
+    )
+    assert (out / "report.json").exists(), proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    return proc, report, out
+
+
+def result_of(report: dict, notebook: str) -> dict:
+    return next(r for r in report["results"] if r["notebook"] == notebook)
+
+
+def verdicts(result: dict) -> dict[str, str]:
+    return {m["name"]: m["verdict"] for m in result["metrics"]}
+
+
+# -- one run of every fixture notebook -------------------------------------------------
+
+
+def test_exit_code_is_1_on_a_failed_notebook_or_regression(fixture_run):
+    proc, report, _ = fixture_run
+    assert proc.returncode == 1, proc.stderr
+    assert report["ok"] is False
+    assert report["summary"].startswith("FAILED: 3 failed notebook(s), 3 regressed/missing")
+
+
+def test_one_log_line_per_notebook_start_and_finish_with_wall_time(fixture_run):
+    proc, _, _ = fixture_run
+    lines = proc.stdout.splitlines()
+    for nb in ("records_metric", "broken_cell3", "kernel_dies", "slow_cell"):
+        assert sum(f"{nb}.ipynb: started" in line for line in lines) == 1, proc.stdout
+        finished = [line for line in lines if f"{nb}.ipynb: " in line and " in " in line]
+        assert len(finished) == 1 and " s" in finished[0], proc.stdout
+
+
+def test_a_cell_error_names_the_cell_and_the_errors_last_line(fixture_run):
+    _, report, out = fixture_run
+    result = result_of(report, "broken_cell3.ipynb")
+    failure = result["failure"]
+    assert result["status"] == "failed"
+    assert failure["kind"] == "cell_error"
+    assert failure["cell"] == 3
+    assert failure["ename"] == "ValueError" and failure["evalue"] == "bad value 1 in cell 3"
+    assert failure["message"].startswith("cell 3 ")
+    assert failure["message"].endswith("ValueError: bad value 1 in cell 3")
+    assert result["attempts"] == 1  # a cell error is never retried
+    # The executed notebook is still written, with the traceback and what ran before it.
+    executed = json.loads(Path(result["executed_path"]).read_text())
+    assert any(o.get("output_type") == "error" for c in executed["cells"] for o in c.get("outputs", []))
+    assert result["records"] == {"before_error": 1}
+
+
+def test_metrics_are_judged_against_baselines(fixture_run):
+    _, report, _ = fixture_run
+    result = result_of(report, "records_metric.ipynb")
+    assert result["status"] == "regressed" and result["failure"] is None
+    v = verdicts(result)
+    assert v["eval_accuracy"] == "pass"  # 0.80 vs 0.82 - 0.05
+    assert v["eval_f1"] == "regressed"  # 0.5 vs 0.9 - 0.05
+    assert v["eval_loss"] == "improved"  # lower is better: 0.3 vs 0.5
+    assert v["headless"] == "pass"  # direction: equal
+    assert v["nan_metric"] == "invalid"  # NaN was recorded as null
+    assert v["never_recorded"] == "missing"
+    assert v["train_rows"] == "no baseline"
+
+
+def test_kernel_death_is_reported_promptly_with_the_last_output(fixture_run):
+    _, report, _ = fixture_run
+    result = result_of(report, "kernel_dies.ipynb")
+    failure = result["failure"]
+    assert failure["kind"] == "kernel_died"  # not a cell timeout (5 s) or a hang
+    assert failure["cell"] == 3
+    assert "kernel died in cell 3" in failure["message"]
+    assert failure["last_output"] == "last words before the kernel dies"
+    assert result["wall_s"] < 60
+    assert Path(result["executed_path"]).exists()
+
+
+def test_a_cell_past_the_cell_timeout_fails_its_notebook(fixture_run):
+    _, report, _ = fixture_run
+    failure = result_of(report, "slow_cell.ipynb")["failure"]
+    assert failure["kind"] == "cell_timeout"
+    assert failure["cell"] == 3
+    assert failure["last_output"] == "sleeping"
+
+
+def test_the_kernel_runs_this_python_with_the_harness_environment(fixture_run):
+    _, report, out = fixture_run
+    records = result_of(report, "records_metric.ipynb")["records"]
+    assert records["kernel_prefix"] == sys.prefix  # the venv, not another interpreter
+    assert Path(records["kernel_python"]).parent == Path(sys.executable).parent
+    assert records["headless"] == "1"
+    assert records["profile_env"] == "from-profile"
+    assert records["cwd"] == str(FIXTURES.resolve())  # the notebook's folder, as in JupyterLab
+    assert records["train_rows"] == rg.TINY_DATA_ROWS["train"]  # {tiny_data} was prepared
+    assert (out / "scratch" / "records_metric" / "done.txt").read_text() == "ok"  # {output_dir}
+
+
+def test_report_md_is_a_readable_table(fixture_run):
+    _, report, out = fixture_run
+    md = (out / "report.md").read_text()
+    assert md.startswith("# Regression report: profile `fixtures`")
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| notebook | metric | baseline | value | verdict |"
+    assert all(len(row.replace("\\|", "").split("|")) == 7 for row in rows), rows
+    f1 = next(row for row in rows if "| eval_f1 |" in row)
+    assert "| 0.9 (higher, ±0.05) | 0.5 | regressed" in f1
+    assert any(row.startswith("| broken_cell3.ipynb | failed |") and "cell 3" in row for row in rows)
+    assert "| wall time |" in md
+    assert "last words before the kernel dies" in md
+
+
+# -- runs of their own ---------------------------------------------------------------
+
+
+def test_update_baselines_rewrites_values_and_keeps_direction_and_tolerance(tmp_path):
+    baselines = tmp_path / "baselines.yaml"
+    shutil.copy(FIXTURES / "baselines.yaml", baselines)
+    proc = run_cli(
+        *FIXTURE_ARGS, "--baselines-file", str(baselines), "--output-dir", str(tmp_path / "out"),
+        "--notebooks", "records_metric", "--update-baselines",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # the values were accepted
+    text = baselines.read_text()
+    assert text.startswith("# Baselines for the fixture profile.")  # header comment kept
+    entries = yaml.safe_load(text)["fixtures"]["records_metric.ipynb"]
+    assert entries["eval_accuracy"] == {"value": 0.8, "direction": "higher", "tolerance": 0.05}
+    assert entries["eval_f1"]["value"] == 0.5
+    assert entries["eval_loss"] == {"value": 0.3, "direction": "lower", "tolerance": 0.01}
+    assert entries["nan_metric"]["value"] == 1.0  # null is never written over a number
+    assert entries["never_recorded"]["value"] == 1.0
+    assert "train_rows" not in entries  # new records need a person to choose a direction
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "records_metric.ipynb: eval_f1 0.9 -> 0.5" in md
+
+
+def test_a_notebook_past_its_deadline_is_killed_with_its_kernel(tmp_path):
+    t0 = time.monotonic()
+    report = rg.regress(
+        "fixtures", notebooks=["slow_cell"], cell_timeout_s=300, notebook_timeout_s=12,
+        **library_args(tmp_path),
+    )
+    elapsed = time.monotonic() - t0
+    failure = report.results[0].failure
+    assert failure.kind == "notebook_timeout", failure
+    assert failure.cell == 3 and "notebook timeout (12 s)" in failure.message
+    assert elapsed < 12 + rg.KILL_GRACE_S + 15
+    kernel_pid = int((tmp_path / "out" / "scratch" / "slow_cell" / "kernel.pid").read_text())
+    assert not psutil.pid_exists(kernel_pid) or psutil.Process(kernel_pid).status() == "zombie"
+
+
+def test_a_kernel_that_fails_to_start_is_retried_once(tmp_path, monkeypatch):
+    spec_dir = tmp_path / "jupyter" / "kernels" / "broken-start"
+    spec_dir.mkdir(parents=True)
+    spec = {"argv": [sys.executable, "-c", "raise SystemExit(3)", "{connection_file}"],
+            "display_name": "exits at once", "language": "python"}  # fmt: skip
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    report = rg.regress(
+        "fixtures", notebooks=["kernel_dies"], kernel="broken-start", **library_args(tmp_path)
+    )
+    result = report.results[0]
+    assert result.failure.kind == "kernel_start"
+    assert result.attempts == 2
+    assert "failed to start (tried twice)" in result.failure.message
+    assert not report.ok
+
+
+# -- no kernel needed ----------------------------------------------------------------
+
+
+B = rg.Baseline
+
+
+@pytest.mark.parametrize(
+    ("value", "baseline", "verdict"),
+    [
+        (0.86, B(0.9, "higher", 0.05), "pass"),
+        (0.84, B(0.9, "higher", 0.05), "regressed"),
+        (0.96, B(0.9, "higher", 0.05), "improved"),
+        (0.9, B(0.9, "higher"), "pass"),  # tolerance 0: equal is still fine
+        (1.04, B(1.0, "lower", 0.05), "pass"),
+        (1.06, B(1.0, "lower", 0.05), "regressed"),
+        (0.5, B(1.0, "lower", 0.05), "improved"),
+        (95.0, B(100.0, "higher", 0.0, relative_tolerance=0.1), "pass"),  # 10 % of 100
+        (89.0, B(100.0, "higher", 0.0, relative_tolerance=0.1), "regressed"),
+        (None, B(0.9, "higher", 0.05), "invalid"),  # NaN recorded as null
+        (float("inf"), B(0.9, "higher", 0.05), "invalid"),
+        (True, B(1.0, "higher", 0.05), "invalid"),  # a bool is not a measurement
+        ("0.9", B(0.9, "higher", 0.05), "invalid"),
+        ("cuda", B("cuda", "equal"), "pass"),
+        ("cpu", B("cuda", "equal"), "regressed"),
+        (3, B(3, "equal"), "pass"),
+    ],
+)
+def test_compare_metric(value, baseline, verdict):
+    assert rg.compare_metric("m", value, baseline).verdict == verdict
+
+
+def test_compare_metrics_reports_missing_and_unbaselined_records():
+    results = rg.compare_metrics({"acc": 0.9, "extra": 1}, {"acc": B(0.9), "f1": B(0.8)})
+    assert [(m.name, m.verdict, m.failed) for m in results] == [
+        ("acc", "pass", False), ("f1", "missing", True), ("extra", "no baseline", False),
+    ]  # fmt: skip
+
+
+def write_profile(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "profiles.yaml"
+    path.write_text(body)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("profiles: {}", "no `profiles:` mapping"),
+        ("profiles: {ci: {notebooks: {}}}", "notebooks is missing or empty"),
+        ("profiles: {ci: {notebook: {a.ipynb: {}}}}", "unknown key(s) ['notebook']"),
+        ("profiles: {ci: {cell_timeout_s: 0, notebooks: {a.ipynb: {}}}}", "cell_timeout_s=0"),
+        ("profiles: {ci: {notebooks: {a.ipynb: [1]}}}", "must be a mapping of parameters"),
+        ("profiles: [", "not valid YAML"),
+    ],
+)
+def test_profile_mistakes_name_the_key(tmp_path, body, expected):
+    with pytest.raises(RegressionError) as info:
+        rg.load_profiles(write_profile(tmp_path, body))
+    assert expected in str(info.value) and info.value.fix
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("{value: 0.9, direction: up}", "direction 'up'"),
+        ("{value: fast, direction: higher}", "is not a number"),
+        ("0.9", "must be a mapping with a `value`"),
+        ("{value: 0.9, tolerance: -1}", "tolerance=-1"),
+    ],
+)
+def test_baseline_mistakes_name_the_entry(tmp_path, entry, expected):
+    path = tmp_path / "baselines.yaml"
+    path.write_text(f"ci:\n  nb.ipynb:\n    acc: {entry}\n")
+    with pytest.raises(RegressionError) as info:
+        rg.load_baselines(path, "ci")
+    assert expected in str(info.value) and "ci.nb.ipynb.acc" in str(info.value)
+
+
+def test_missing_baselines_file_means_no_baselines(tmp_path):
+    assert rg.load_baselines(tmp_path / "none.yaml", "ci") == {}
+
+
+def test_shipped_profiles_and_baselines_load():
+    root = Path(__file__).resolve().parents[1]
+    profiles = rg.load_profiles(root / rg.PROFILES_FILE)
+    assert {"ci", "full"} <= set(profiles)
+    for name in profiles:
+        baselines = rg.load_baselines(root / rg.BASELINES_FILE, name)
+        assert set(baselines) <= set(profiles[name].notebooks), name
+
+
+def test_select_notebooks_by_path_name_stem_or_prefix():
+    prof = rg.Profile("ci", {"notebooks/01_quickstart.ipynb": {}, "notebooks/02_bert.ipynb": {}})
+    assert rg.select_notebooks(prof, None) == list(prof.notebooks)
+    assert rg.select_notebooks(prof, ["02", "01_quickstart"]) == list(prof.notebooks)
+    assert rg.select_notebooks(prof, ["notebooks/02_bert.ipynb"]) == ["notebooks/02_bert.ipynb"]
+    with pytest.raises(RegressionError, match="matches no notebook") as info:
+        rg.select_notebooks(prof, ["03"])
+    assert "01_quickstart" in info.value.fix
+
+
+def test_placeholders_are_filled_at_any_depth_and_others_left_alone():
+    params = {"model": "{tiny_model}", "files": ["{tiny_data}/train.csv"], "fmt": "{epoch}", "n": 3}
+    assert rg.fill_placeholders(params, {"tiny_model": "/m", "tiny_data": "/d"}) == {
+        "model": "/m", "files": ["/d/train.csv"], "fmt": "{epoch}", "n": 3,
+    }  # fmt: skip
+    assert rg._placeholders_in(params) == {"tiny_model", "tiny_data"}
+
+
+def test_tiny_data_placeholder_writes_learnable_csvs(tmp_path):
+    values = rg.prepare_placeholders({"tiny_data", "output_dir"}, tmp_path)
+    folder = Path(values["tiny_data"])
+    assert set(values) == {"tiny_data"}  # tiny_model is only built when a notebook asks
+    lines = (folder / "train.csv").read_text().splitlines()
+    assert lines[0] == "text,label" and len(lines) == 1 + rg.TINY_DATA_ROWS["train"]
+    assert len((folder / "validation.csv").read_text().splitlines()) == 1 + 200
+
+
+def test_unknown_parameters_and_missing_notebooks_fail_before_any_kernel(tmp_path):
+    profiles = write_profile(
+        tmp_path,
+        f"profiles:\n  ci:\n    notebooks:\n      {FIXTURES}/records_metric.ipynb: {{acuracy: 1}}\n",
+    )
+    with pytest.raises(RegressionError, match="acuracy") as info:
+        rg.regress("ci", root=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
+    assert "accuracy" in str(info.value)  # lists what the parameters cell defines
+    assert not (tmp_path / "o").exists()
+    profiles.write_text("profiles:\n  ci:\n    notebooks:\n      nope.ipynb: {}\n")
+    with pytest.raises(RegressionError, match="does not exist"):
+        rg.regress("ci", root=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
+    with pytest.raises(RegressionError, match="No profile 'gpu'"):
+        rg.regress("gpu", root=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
+
+
+def test_notebook_parameters_reads_the_tagged_cell():
+    assert rg.notebook_parameters(FIXTURES / "records_metric.ipynb") == {
+        "accuracy", "f1", "loss", "output_dir", "data_files",
+    }  # fmt: skip
+    assert rg.notebook_parameters(FIXTURES / "kernel_dies.ipynb") is None
+
+
+def test_source_cell_numbers_skip_the_injected_parameters_cell():
+    nb = {"cells": [
+        {"metadata": {"tags": ["parameters"]}},
+        {"metadata": {"tags": ["injected-parameters"]}},
+        {"metadata": {}},
+        {"metadata": {}},
+    ]}  # fmt: skip
+    assert rg._source_cell(nb, 0) == 1
+    assert rg._source_cell(nb, 3) == 3
+
+
+def test_python3_kernel_resolves_to_this_interpreter(tmp_path, monkeypatch):
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    choice = rg.resolve_kernel("python3", tmp_path, log=lambda line: None)
+    assert choice.python == sys.executable and choice.env == {}
+    # A user-level python3 spec for another interpreter is found first by jupyter_client...
+    user = tmp_path / "user" / "kernels" / "python3"
+    user.mkdir(parents=True)
+    (user / "kernel.json").write_text(json.dumps({
+        "argv": ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "system", "language": "python",
+    }))  # fmt: skip
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "user"))
+    lines = []
+    choice = rg.resolve_kernel("python3", tmp_path / "shared", log=lines.append)
+    assert "/usr/bin/python3" in lines[0]
+    # ...so the worker gets a JUPYTER_PATH whose python3 is this interpreter.
+    monkeypatch.setenv("JUPYTER_PATH", choice.env["JUPYTER_PATH"])
+    assert KernelSpecManager().get_kernel_spec("python3").argv[0] == sys.executable
+
+
+def test_unknown_kernel_says_how_to_list_and_install(tmp_path):
+    with pytest.raises(RegressionError, match="'no-such-kernel' is not installed") as info:
+        rg.resolve_kernel("no-such-kernel", tmp_path)
+    assert "jupyter kernelspec list" in info.value.fix
+
+
+def test_kill_tree_stops_the_worker_and_a_child_in_its_own_session():
+    # Like a kernel: a child in a new session, which killpg on the worker would miss.
+    code = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " start_new_session=True)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child_pid = int(proc.stdout.readline())
+    t0 = time.monotonic()
+    rg._kill_tree(proc, grace_s=0.5)
+    assert time.monotonic() - t0 < 10
+    assert proc.returncode is not None
+    assert not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == "zombie"
+
+
+def test_cli_options_map_onto_the_library():
+    from workbench.cli import build_parser
+
+    args = build_parser("regress").parse_args(
+        ["regress", "--profile", "full", "--notebooks", "01", "02", "--jobs", "3",
+         "--cell-timeout", "30", "--notebook-timeout", "90", "--kernel", "k", "--update-baselines"]
+    )  # fmt: skip
+    assert (args.profile, args.notebooks, args.jobs) == ("full", ["01", "02"], 3)
+    assert (args.cell_timeout, args.notebook_timeout, args.kernel) == (30.0, 90.0, "k")
+    assert args.update_baselines and args.output_dir == "regress-out"
+
+
+def test_worker_refuses_to_run_without_a_spec():
+    proc = subprocess.run([sys.executable, "-m", "workbench.regress"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "workbench regress" in proc.stderr

@@ -1,0 +1,277 @@
+"""The real Jupyter server with the project's configuration: who gets in, and what refuses to start.
+
+One server (started with the real `workbench lab`) serves the access tests; each
+misconfiguration is a separate start that must exit non-zero with its reason.
+Runs as root here (CI too), so `workbench lab` sets the explicit root allow itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lab_helpers import (
+    REPO,
+    SERVER_CONFIG,
+    WORKBENCH,
+    LabServer,
+    free_port,
+    http,
+    isolated_env,
+    new_token,
+    run_to_exit,
+    start_lab,
+)
+
+HEALTHCHECK = REPO / "docker" / "healthcheck.py"
+ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab")
+    notebooks = tmp / "workspace"
+    notebooks.mkdir()
+    (notebooks / "hello.txt").write_text("hello\n")
+    server = start_lab(tmp, notebooks, WORKBENCH_CULL_IDLE_S="1234")
+    yield server
+    server.stop()
+
+
+def auth(server: LabServer, token: str | None = None) -> dict[str, str]:
+    return {"Authorization": f"token {server.token if token is None else token}"}
+
+
+# --- who gets in ----------------------------------------------------------------------
+
+
+def test_contents_api_needs_the_token(lab):
+    session = http()
+    assert session.get(f"{lab.url}/api/contents").status_code == 403
+    assert session.get(f"{lab.url}/api/contents", headers=auth(lab, "x" * 43)).status_code == 403
+    assert session.get(f"{lab.url}/api/contents?token={'y' * 43}").status_code == 403
+    right = session.get(f"{lab.url}/api/contents", headers=auth(lab))
+    assert right.status_code == 200
+    assert "hello.txt" in {item["name"] for item in right.json()["content"]}
+
+
+def test_lab_page_without_token_redirects_to_login(lab):
+    response = http().get(f"{lab.url}/lab", allow_redirects=False)
+    assert response.status_code == 302
+    assert "/login" in response.headers["Location"]
+
+
+def test_kernels_and_terminals_need_the_token(lab):
+    session = http()
+    assert session.post(f"{lab.url}/api/kernels", json={"name": "python3"}).status_code == 403
+    assert session.post(f"{lab.url}/api/terminals").status_code == 403
+    assert session.get(f"{lab.url}/api/kernels").status_code == 403
+    # With the token both work (so the 403s above are about the token, not a broken server).
+    terminal = session.post(f"{lab.url}/api/terminals", headers=auth(lab))
+    assert terminal.status_code == 200, terminal.text
+    assert session.delete(
+        f"{lab.url}/api/terminals/{terminal.json()['name']}", headers=auth(lab)
+    ).status_code == 204
+    kernel = session.post(f"{lab.url}/api/kernels", json={"name": "python3"}, headers=auth(lab))
+    assert kernel.status_code == 201, kernel.text
+    assert session.delete(f"{lab.url}/api/kernels/{kernel.json()['id']}", headers=auth(lab)).status_code == 204
+
+
+def test_cookie_session_post_needs_the_xsrf_token(lab):
+    """Token-authenticated API calls skip XSRF (jupyter_server's rule); a browser session does not."""
+    session = http()
+    login = session.get(f"{lab.url}/lab?token={lab.token}")
+    assert login.status_code == 200
+    assert "_xsrf" in session.cookies, "the lab page sets the _xsrf cookie"
+    assert session.get(f"{lab.url}/api/contents").status_code == 200, "the login cookie authenticates"
+
+    no_xsrf = session.post(f"{lab.url}/api/contents", json={"type": "file", "ext": ".txt"})
+    assert no_xsrf.status_code == 403
+    assert "xsrf" in no_xsrf.text.lower()
+
+    with_xsrf = session.post(
+        f"{lab.url}/api/contents",
+        json={"type": "file", "ext": ".txt"},
+        headers={"X-XSRFToken": session.cookies["_xsrf"]},
+    )
+    assert with_xsrf.status_code == 201, with_xsrf.text
+
+
+def test_foreign_host_header_is_refused(lab):
+    session = http()
+    evil = session.get(f"{lab.url}/api/contents", headers={**auth(lab), "Host": "evil.example.com"})
+    assert evil.status_code == 403
+    rebinding = session.get(f"{lab.url}/api/contents", headers={**auth(lab), "Host": f"10.1.2.3:{lab.port}"})
+    assert rebinding.status_code == 403
+    local = session.get(f"{lab.url}/api/contents", headers={**auth(lab), "Host": f"localhost:{lab.port}"})
+    assert local.status_code == 200
+
+
+def test_no_cross_origin_access(lab):
+    response = http().get(
+        f"{lab.url}/api/contents", headers={"Origin": "https://evil.example.com"}
+    )
+    assert response.status_code == 403
+    assert "Access-Control-Allow-Origin" not in response.headers
+
+
+def test_healthcheck_script(lab):
+    env = {**os.environ, "WORKBENCH_PORT": str(lab.port)}
+    ok = subprocess.run([sys.executable, str(HEALTHCHECK)], env=env, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout
+    assert "healthy: jupyter_server 2." in ok.stdout
+    env["WORKBENCH_PORT"] = str(free_port())  # nothing listens there
+    down = subprocess.run([sys.executable, str(HEALTHCHECK)], env=env, capture_output=True, text=True)
+    assert down.returncode == 1
+    assert "unhealthy" in down.stdout
+
+
+def test_idle_kernels_are_culled_after_the_configured_time(lab):
+    session = http()
+    kernel = session.post(f"{lab.url}/api/kernels", json={"name": "python3"}, headers=auth(lab))
+    assert kernel.status_code == 201, kernel.text
+    try:
+        # The culler starts with the first kernel and logs its settings (from WORKBENCH_CULL_IDLE_S).
+        assert "Culling kernels with idle durations > 1234 seconds" in lab.log()
+    finally:
+        session.delete(f"{lab.url}/api/kernels/{kernel.json()['id']}", headers=auth(lab))
+
+
+# --- what refuses to start ---------------------------------------------------------------
+
+
+def _start_args(port: int, notebook_dir: Path, *extra: str) -> list[str]:
+    argv = [WORKBENCH, "lab", "--port", str(port), "--notebook-dir", str(notebook_dir)]
+    return argv + (["--", *extra] if extra else [])
+
+
+MISCONFIGURATIONS = {
+    "xsrf_off_on_command_line": (
+        {}, ["--ServerApp.disable_check_xsrf=True"], "XSRF protection is disabled"),
+    "xsrf_off_in_tornado_settings": (
+        {}, ["--ServerApp.tornado_settings={'disable_check_xsrf': True}"], "XSRF protection is disabled"),
+    "empty_token_on_command_line": (
+        {}, ["--IdentityProvider.token="], "authentication is disabled"),
+    "empty_token_old_spelling": ({}, ["--ServerApp.token="], "authentication is disabled"),
+    "empty_token_in_env": ({"JUPYTER_TOKEN": ""}, [], "JUPYTER_TOKEN is empty"),
+    "short_token_in_env": ({"JUPYTER_TOKEN": "s3cret"}, [], "at least 32 are required"),
+    "short_token_on_command_line": (
+        {}, ["--IdentityProvider.token=abc123"], "at least 32 are required"),
+    "allow_origin_star": ({}, ["--ServerApp.allow_origin=*"], "allow_origin='*'"),
+    "allow_origin_pattern": ({}, ["--ServerApp.allow_origin_pat=.*example.com"], "allow_origin_pat"),
+    "host_check_off": ({}, ["--ServerApp.allow_remote_access=True"], "Host-header check is off"),
+    "nbconvert_sandbox_off": ({}, ["--ServerApp.nbconvert_csp_sandbox=False"], "nbconvert_csp_sandbox"),
+    "plain_text_password": ({"WORKBENCH_PASSWORD_HASH": "hunter2"}, [], "plain-text password"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISCONFIGURATIONS))
+def test_misconfiguration_refuses_to_start(case, tmp_path):
+    env_extra, args, expected = MISCONFIGURATIONS[case]
+    env = isolated_env(tmp_path, JUPYTER_TOKEN=new_token(), **env_extra)
+    code, output = run_to_exit(_start_args(free_port(), tmp_path, *args), env)
+    assert code != 0, output
+    assert "refuses to start" in output
+    assert expected in output
+    assert "Fix:" in output
+
+
+def test_token_file_readable_by_others_refuses(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(new_token() + "\n")
+    token_file.chmod(0o644)
+    env = isolated_env(tmp_path, JUPYTER_TOKEN=None, JUPYTER_TOKEN_FILE=str(token_file))
+    code, output = run_to_exit(_start_args(free_port(), tmp_path), env)
+    assert code != 0
+    assert "mode 644" in output and "chmod 600" in output
+
+
+def test_insecure_user_config_file_refuses(tmp_path):
+    """A ~/.jupyter config file that switches XSRF off is caught too (it loads after ours)."""
+    env = isolated_env(tmp_path, JUPYTER_TOKEN=new_token())
+    Path(env["JUPYTER_CONFIG_DIR"], "jupyter_server_config.py").write_text(
+        "c.ServerApp.disable_check_xsrf = True\n"
+    )
+    code, output = run_to_exit(_start_args(free_port(), tmp_path), env)
+    assert code != 0
+    assert "XSRF protection is disabled" in output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: checks that root is refused without the allow")
+def test_root_without_explicit_allow_refuses(tmp_path):
+    # Straight to jupyter with our config, as the image would start it, without WORKBENCH_ALLOW_ROOT.
+    env = isolated_env(tmp_path, JUPYTER_TOKEN=new_token())
+    argv = [sys.executable, "-m", "jupyterlab", f"--config={SERVER_CONFIG}",
+            f"--ServerApp.port={free_port()}", "--ServerApp.ip=127.0.0.1", "--allow-root"]
+    code, output = run_to_exit(argv, env)
+    assert code != 0
+    assert "would run as root" in output and "WORKBENCH_ALLOW_ROOT=1" in output
+
+
+def test_token_file_and_generated_token(tmp_path):
+    """A 0600 token file is accepted; without any credentials a token is generated and printed once."""
+    token = new_token()
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    env = isolated_env(tmp_path / "a", JUPYTER_TOKEN=None, JUPYTER_TOKEN_FILE=str(token_file))
+    server = LabServer(_start_args(port, tmp_path), env, port, token, tmp_path / "a.log")
+    try:
+        server.wait_ready()
+        headers = {"Authorization": f"token {token}"}
+        assert http().get(f"{server.url}/api/contents", headers=headers).status_code == 200
+    finally:
+        server.stop()
+
+    port = free_port()
+    env = isolated_env(tmp_path / "b", JUPYTER_TOKEN=None)
+    server = LabServer(_start_args(port, tmp_path), env, port, "", tmp_path / "b.log")
+    try:
+        server.wait_ready()
+        lines = [line for line in server.log().splitlines() if "/lab?token=" in line and "..." not in line]
+        assert len(lines) == 1, server.log()
+        generated = lines[0].split("token=", 1)[1].strip()
+        assert len(generated) >= 32
+        headers = {"Authorization": f"token {generated}"}
+        assert http().get(f"{server.url}/api/contents", headers=headers).status_code == 200
+    finally:
+        server.stop()
+
+
+# --- the image's start script, outside the image --------------------------------------
+
+
+def test_entrypoint_starts_the_server(tmp_path):
+    """docker/entrypoint.sh as the image runs it (real exec), on loopback, then the health check."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "01_demo.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                                                        "nbformat_minor": 5}))
+    port = free_port()
+    token = new_token()
+    env = isolated_env(
+        tmp_path, JUPYTER_TOKEN=token, WORKBENCH_PORT=str(port), WORKBENCH_IP="127.0.0.1",
+        WORKBENCH_NOTEBOOK_DIR=str(workspace), WORKBENCH_NOTEBOOKS_SOURCE=str(shipped),
+        WORKBENCH_SERVER_CONFIG=str(SERVER_CONFIG), WORKBENCH_PYTHON=sys.executable,
+        WORKBENCH_ALLOW_ROOT="1" if os.geteuid() == 0 else None,
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "run" / "jupyter"),
+    )
+    server = LabServer(["bash", str(ENTRYPOINT)], env, port, token, tmp_path / "entry.log")
+    try:
+        server.wait_ready()
+        assert (tmp_path / "run" / "jupyter").is_dir()
+        listing = http().get(f"{server.url}/api/contents/notebooks", headers={"Authorization": f"token {token}"})
+        assert listing.status_code == 200
+        assert [item["name"] for item in listing.json()["content"]] == ["01_demo.ipynb"]
+        health = subprocess.run([sys.executable, str(HEALTHCHECK)], env={**os.environ, "WORKBENCH_PORT": str(port)},
+                                capture_output=True, text=True)
+        assert health.returncode == 0, health.stdout
+    finally:
+        server.stop()

@@ -1,0 +1,479 @@
+"""Model and dataset pickers: choose with the mouse, export a parameter file for headless runs.
+
+The widgets only arrange controls; the work is done by workbench.models and
+workbench.data, the same functions papermill runs and ``workbench train`` use. Every
+action catches errors and writes them to the picker's ``message`` (an HTML widget),
+so a notebook never shows a traceback for a wrong path or column.
+
+    from workbench import pickers
+    p = pickers()            # display it, choose, then:
+    spec = p.run_spec()      # RunSpec(model, data, train) for fit() or RunSpec.save()
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import shlex
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+import traitlets
+
+from workbench import data, models
+from workbench.config import PRECISIONS, DatasetChoice, ModelChoice, RunSpec, TrainConfig
+from workbench.errors import WorkbenchError
+
+NOTEBOOK = "notebooks/01_quickstart.ipynb"  # the notebook the papermill line runs
+
+
+def _error_html(error: BaseException) -> str:
+    if isinstance(error, WorkbenchError):
+        fix = f"<br><b>What to do:</b> {html.escape(error.fix)}" if error.fix else ""
+        return (f"<div style='color:#b00020'><b>Error:</b> "
+                f"{html.escape(error.message).replace(chr(10), '<br>')}{fix}</div>")
+    # not one of ours: still one readable line, never a traceback
+    return (f"<div style='color:#b00020'><b>Unexpected error</b> ({type(error).__name__}): "
+            f"{html.escape(str(error))}<br><b>What to do:</b> check the inputs above; if they look"
+            " right, report this with the message.</div>")
+
+
+def _note_html(text: str, color: str = "#333") -> str:
+    return f"<div style='color:{color}'>{html.escape(text).replace(chr(10), '<br>')}</div>"
+
+
+def _table_html(rows: list[dict[str, Any]], columns: list[str], types: dict[str, str]) -> str:
+    def cell(value: Any) -> str:
+        text = str(value)
+        return html.escape(text if len(text) <= 80 else text[:77] + "...")
+
+    head = "".join(f"<th>{html.escape(c)}<br><small>{html.escape(types.get(c, ''))}</small></th>"
+                   for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c))}</td>" for c in columns) + "</tr>"
+                   for r in rows)
+    return f"<table class='wb-preview'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# ---------------------------------------------------------------- model picker
+
+
+class ModelPicker(widgets.VBox):
+    """Pick a discovered model or type a hub id / folder; see its config and memory estimate.
+
+    State (traitlets): ``name_or_path``, ``precision``, ``batch_size``, ``seq_len``,
+    ``gradient_checkpointing``. ``info`` is the selected ModelInfo (None until one loads),
+    ``fit`` the latest models.FitCheck.
+    """
+
+    name_or_path = traitlets.Unicode("")
+    precision = traitlets.Unicode("auto")
+    batch_size = traitlets.Int(16)
+    seq_len = traitlets.Int(256)
+    gradient_checkpointing = traitlets.Bool(False)
+
+    def __init__(self, *, device_index: int = 0, nvml: Any = None, free_bytes: int | None = None,
+                 **kwargs: Any):
+        self._device_index = device_index
+        self._nvml = nvml
+        self._free_bytes = free_bytes  # fixed free memory (tests, what-if); None: ask the GPU
+        self.info: models.ModelInfo | None = None
+        self.fit: models.FitCheck | None = None
+        self.entries = models.list_models()
+        self.found = widgets.Dropdown(
+            options=[("(choose a model)", "")] + [(f"{e.name}  [{e.source}]", e.name_or_path)
+                                                  for e in self.entries],
+            description="Found", layout=widgets.Layout(width="70%"))
+        self.typed = widgets.Text(placeholder="hub id (bert-base-uncased) or a folder path",
+                                  description="Or type", continuous_update=False,
+                                  layout=widgets.Layout(width="70%"))
+        self.precision_box = widgets.Dropdown(options=list(PRECISIONS), value="auto",
+                                              description="Precision")
+        self.batch_box = widgets.BoundedIntText(value=16, min=1, max=4096, description="Batch")
+        self.seq_box = widgets.BoundedIntText(value=256, min=8, max=131072, description="Max length")
+        self.checkpointing_box = widgets.Checkbox(value=False, description="Gradient checkpointing")
+        self.details = widgets.HTML()
+        self.estimate = widgets.HTML()
+        self.message = widgets.HTML()
+        super().__init__([
+            widgets.HTML("<b>Model</b>"), self.found, self.typed,
+            widgets.HBox([self.precision_box, self.batch_box, self.seq_box]),
+            self.checkpointing_box, self.details, self.estimate, self.message,
+        ], **kwargs)
+        # widget -> trait, both ways, so code and mouse can set either
+        widgets.link((self.precision_box, "value"), (self, "precision"))
+        widgets.link((self.batch_box, "value"), (self, "batch_size"))
+        widgets.link((self.seq_box, "value"), (self, "seq_len"))
+        widgets.link((self.checkpointing_box, "value"), (self, "gradient_checkpointing"))
+        self.found.observe(self._on_found, "value")
+        self.typed.observe(self._on_typed, "value")
+        self.observe(self._on_settings, ["precision", "batch_size", "seq_len",
+                                         "gradient_checkpointing"])
+        self.observe(self._on_name, "name_or_path")
+        if not self.entries:
+            self.message.value = _note_html(
+                "No local models found (models folder, installed packages, Hugging Face cache). "
+                "Type a hub id, or set WORKBENCH_MODELS to a folder of saved models.", "#8a6d00")
+
+    # -- public
+
+    def select(self, name_or_path: str) -> models.ModelInfo | None:
+        """Select a model by id or path (what the dropdown and text box do)."""
+        self.name_or_path = str(name_or_path)
+        return self.info
+
+    @property
+    def model_choice(self) -> ModelChoice:
+        if not self.name_or_path:
+            raise WorkbenchError("no model is selected.", "choose one in the list or type a hub id.")
+        return ModelChoice(name_or_path=self.name_or_path)
+
+    # -- events
+
+    def _on_found(self, change) -> None:
+        if change["new"]:
+            self.name_or_path = change["new"]
+
+    def _on_typed(self, change) -> None:
+        if change["new"].strip():
+            self.name_or_path = change["new"].strip()
+
+    def _on_name(self, change) -> None:
+        self.info, self.fit = None, None
+        self.details.value = self.estimate.value = self.message.value = ""
+        if not change["new"]:
+            return
+        try:
+            self.info = models.model_info(change["new"])
+        except Exception as e:  # every failure lands in the message area
+            self.message.value = _error_html(e)
+            return
+        info = self.info
+        self.details.value = _note_html(info.summary() + f"\nParameters: {info.parameter_method}.")
+        if not info.supports_sequence_classification:
+            self.message.value = _note_html(
+                f"{info.model_type} has no sequence-classification head in transformers; choose an "
+                "encoder such as BERT, RoBERTa or DeBERTa for text classification.", "#8a6d00")
+        if info.max_position_embeddings and self.seq_len > info.max_position_embeddings:
+            self.seq_len = info.max_position_embeddings  # triggers the estimate
+        else:
+            self._update_estimate()
+
+    def _on_settings(self, change) -> None:
+        if self.info is not None:
+            self._update_estimate()
+
+    def _update_estimate(self) -> None:
+        try:
+            self.fit = models.check_fit(
+                self.info, batch_size=self.batch_size, seq_len=self.seq_len,
+                precision=self.precision, gradient_checkpointing=self.gradient_checkpointing,
+                free_bytes=self._free_bytes, gpu_name="the GPU" if self._free_bytes else None,
+                device_index=self._device_index, nvml=self._nvml)
+        except Exception as e:
+            self.fit = None
+            self.estimate.value = _error_html(e)
+            return
+        color = {True: "#1b5e20", False: "#b00020", None: "#333"}[self.fit.fits]
+        self.estimate.value = _note_html(self.fit.message, color)
+
+
+def model_picker(**kwargs: Any) -> ModelPicker:
+    """A ModelPicker; display it in a notebook. ``.model_choice`` gives the ModelChoice."""
+    return ModelPicker(**kwargs)
+
+
+# ---------------------------------------------------------------- dataset picker
+
+
+class DatasetPicker(widgets.VBox):
+    """Pick a hub dataset or local files, preview them, choose columns, see the labels.
+
+    State (traitlets): ``source``, ``path``, ``config_name``, ``train_split``,
+    ``eval_split``, ``text_columns``, ``label_column``, ``validation_fraction``, ``seed``.
+    ``load()`` reads the source; ``check()`` runs data.load_choice exactly as a run will.
+    """
+
+    source = traitlets.Unicode("files")
+    path = traitlets.Unicode("")
+    config_name = traitlets.Unicode("")
+    train_split = traitlets.Unicode("train")
+    eval_split = traitlets.Unicode("")  # "" = none: split off train
+    text_columns = traitlets.Tuple()
+    label_column = traitlets.Unicode("")
+    validation_fraction = traitlets.Float(0.1)
+    seed = traitlets.Int(42)
+
+    def __init__(self, preview_rows: int = 5, **kwargs: Any):
+        self._preview_rows = preview_rows
+        self.raw = None  # DatasetDict as loaded, all splits
+        self.checked = None  # DatasetDict from load_choice
+        self.source_box = widgets.ToggleButtons(options=[("Local files", "files"), ("Hub", "hub")],
+                                                value="files")
+        self.path_box = widgets.Text(placeholder="data/train.csv, a folder, or stanfordnlp/sst2",
+                                     description="Path / name", continuous_update=False,
+                                     layout=widgets.Layout(width="70%"))
+        self.config_box = widgets.Text(description="Config", placeholder="(hub only, optional)")
+        self.load_button = widgets.Button(description="Load", button_style="primary")
+        self.splits_info = widgets.HTML()
+        self.preview = widgets.HTML()
+        self.train_box = widgets.Dropdown(description="Train split", options=["train"])
+        self.eval_box = widgets.Dropdown(description="Eval split", options=[("(split off train)", "")])
+        self.text_box = widgets.SelectMultiple(description="Text column(s)", rows=4)
+        self.label_box = widgets.Dropdown(description="Label column")
+        self.fraction_box = widgets.BoundedFloatText(value=0.1, min=0.01, max=0.5, step=0.01,
+                                                     description="Validation share")
+        self.seed_box = widgets.IntText(value=42, description="Seed")
+        self.check_button = widgets.Button(description="Check labels")
+        self.distribution = widgets.HTML()
+        self.chart = widgets.Image(format="png", layout=widgets.Layout(max_width="480px"))
+        self.message = widgets.HTML()
+        super().__init__([
+            widgets.HTML("<b>Dataset</b>"), self.source_box, self.path_box, self.config_box,
+            self.load_button, self.splits_info, self.preview,
+            widgets.HBox([self.train_box, self.eval_box]),
+            widgets.HBox([self.text_box, self.label_box]),
+            widgets.HBox([self.fraction_box, self.seed_box]),
+            self.check_button, self.distribution, self.chart, self.message,
+        ], **kwargs)
+        for box, trait in [(self.source_box, "source"), (self.path_box, "path"),
+                           (self.config_box, "config_name"), (self.fraction_box, "validation_fraction"),
+                           (self.seed_box, "seed")]:
+            widgets.link((box, "value"), (self, trait))
+        self.load_button.on_click(lambda _: self.load())
+        self.check_button.on_click(lambda _: self.check())
+        self.train_box.observe(lambda c: self._set("train_split", c["new"]), "value")
+        self.eval_box.observe(lambda c: self._set("eval_split", c["new"]), "value")
+        self.text_box.observe(lambda c: self._set("text_columns", tuple(c["new"])), "value")
+        self.label_box.observe(lambda c: self._set("label_column", c["new"] or ""), "value")
+        self.observe(self._on_columns, ["text_columns", "label_column", "train_split", "eval_split"])
+
+    def _set(self, trait: str, value: Any) -> None:
+        if value is not None:
+            setattr(self, trait, value)
+
+    # -- public
+
+    def load(self) -> bool:
+        """Read the source, fill the preview and the choosers. False (and a message) on error."""
+        self.message.value = self.distribution.value = ""
+        self.checked = None
+        try:
+            if not self.path.strip():
+                raise WorkbenchError("no dataset given.",
+                                     "type a file or folder path, or a hub dataset name.")
+            self.raw = data.load_raw(DatasetChoice(
+                source=self.source, path=self.path.strip(), config_name=self.config_name or None,
+                text_columns=("text",), label_column="label"))
+        except Exception as e:
+            self.raw = None
+            self.preview.value = self.splits_info.value = ""
+            self.message.value = _error_html(e)
+            return False
+        splits = list(self.raw)
+        self.splits_info.value = _note_html(
+            "Rows per split: " + ", ".join(f"{s} {self.raw[s].num_rows:,}" for s in splits))
+        train = "train" if "train" in splits else splits[0]
+        evals = [s for s in splits if s != train]
+        eval_default = next((s for s in ("validation", "valid", "dev") if s in evals), "")
+        columns = list(self.raw[train].column_names)
+        text_guess, label_guess = data.suggest_columns(columns)
+        with self.hold_trait_notifications():
+            self.train_box.options = splits
+            self.train_box.value = train
+            self.eval_box.options = [("(split off train)", "")] + [(s, s) for s in evals]
+            self.eval_box.value = eval_default
+            self.text_box.options = columns
+            self.label_box.options = [("(choose)", None)] + [(c, c) for c in columns]
+            self.text_box.value = tuple(text_guess)
+            self.label_box.value = label_guess
+        self.train_split, self.eval_split = train, eval_default
+        self.text_columns, self.label_column = tuple(text_guess), label_guess or ""
+        ds = self.raw[train]
+        self.preview.value = _table_html(data.preview_rows(ds, self._preview_rows), columns,
+                                         data.column_types(ds))
+        self.fraction_box.disabled = bool(eval_default)
+        if not text_guess or not label_guess:
+            self.message.value = _note_html(
+                "Choose the text column(s) and the label column: the names do not say which they are.",
+                "#8a6d00")
+        return True
+
+    def check(self) -> bool:
+        """Run data.load_choice on the current choice; show label counts and rows per split."""
+        self.message.value = ""
+        try:
+            choice = self.dataset_choice
+            self.checked = data.load_choice(choice)
+        except Exception as e:
+            self.checked = None
+            self.message.value = _error_html(e)
+            return False
+        counts = data.label_distribution(self.checked, choice.label_column)
+        note = "" if choice.eval_split else (
+            f" (validation: a stratified {choice.validation_fraction:.0%} of train, seed {choice.seed})")
+        self.distribution.value = _note_html(
+            "Rows: " + ", ".join(f"{s} {self.checked[s].num_rows:,}" for s in self.checked) + note
+            + "\nLabels: " + "; ".join(f"{s}: " + ", ".join(f"{k} {v}" for k, v in c.items())
+                                       for s, c in counts.items()))
+        self.chart.value = label_chart_png(counts)
+        return True
+
+    @property
+    def dataset_choice(self) -> DatasetChoice:
+        if not self.path.strip():
+            raise WorkbenchError("no dataset given.", "type a file or folder path, or a hub name.")
+        if not self.text_columns or not self.label_column:
+            raise WorkbenchError("the text and label columns are not chosen.",
+                                 "pick one or two text columns and a label column (after Load).")
+        return DatasetChoice(
+            source=self.source, path=self.path.strip(), config_name=self.config_name or None,
+            train_split=self.train_split or "train", eval_split=self.eval_split or None,
+            text_columns=tuple(self.text_columns), label_column=self.label_column,
+            validation_fraction=self.validation_fraction, seed=self.seed)
+
+    # -- events
+
+    def _on_columns(self, change) -> None:
+        self.checked = None
+        self.fraction_box.disabled = bool(self.eval_split)
+        if self.raw is None or not self.label_column:
+            return
+        try:  # counts of the raw splits, cheap; the checked split comes with check()
+            counts = data.label_distribution(self.raw, self.label_column)
+            if not counts:  # a column typed from code that is not there: check() explains
+                self.distribution.value, self.chart.value = "", b""
+                return
+            self.distribution.value = _note_html(
+                "Labels: " + "; ".join(f"{s}: " + ", ".join(f"{k} {v}" for k, v in list(c.items())[:20])
+                                       for s, c in counts.items()))
+            self.chart.value = label_chart_png(counts)
+        except Exception as e:
+            self.message.value = _error_html(e)
+
+
+def label_chart_png(counts: dict[str, dict[Any, int]], max_labels: int = 30) -> bytes:
+    """A small grouped bar chart of label counts per split, as PNG bytes."""
+    from matplotlib.figure import Figure  # no pyplot: no global figure state in the kernel
+
+    labels = sorted({k for c in counts.values() for k in c}, key=str)[:max_labels]
+    fig = Figure(figsize=(4.8, 2.4), dpi=100)
+    ax = fig.add_subplot()
+    width = 0.8 / max(1, len(counts))
+    for i, (split, c) in enumerate(counts.items()):
+        xs = [j + i * width for j in range(len(labels))]
+        ax.bar(xs, [c.get(k, 0) for k in labels], width=width, label=split)
+    ax.set_xticks([j + width * (len(counts) - 1) / 2 for j in range(len(labels))])
+    ax.set_xticklabels([str(k) for k in labels], rotation=30 if len(labels) > 6 else 0, fontsize=8)
+    ax.set_ylabel("rows")
+    if counts:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def dataset_picker(**kwargs: Any) -> DatasetPicker:
+    """A DatasetPicker; display it in a notebook. ``.dataset_choice`` gives the DatasetChoice."""
+    return DatasetPicker(**kwargs)
+
+
+# ---------------------------------------------------------------- both, with export
+
+
+def papermill_command(spec: RunSpec, notebook: str = NOTEBOOK, output: str | None = None) -> str:
+    """The papermill line that runs ``notebook`` with the spec's choices (notebook parameter names)."""
+    d, t = spec.data, spec.train
+    params: list[tuple[str, Any]] = [("model_name", spec.model.name_or_path)]
+    if d.source == "files":
+        params.append(("data_files", d.path))
+    else:
+        params.append(("dataset_name", d.path))
+        if d.config_name:
+            params.append(("dataset_config", d.config_name))
+    params += [("text_column", d.text_columns[0]), ("label_column", d.label_column)]
+    for name in ("max_train_rows", "max_eval_rows"):
+        if getattr(d, name) is not None:
+            params.append((name, getattr(d, name)))
+    params += [("num_epochs", t.num_epochs), ("batch_size", t.batch_size),
+               ("learning_rate", t.learning_rate), ("max_length", t.max_length),
+               ("precision", t.precision), ("output_dir", t.output_dir)]
+    output = output or str(Path(t.output_dir) / Path(notebook).name)
+    parts = ["papermill", shlex.quote(notebook), shlex.quote(output)]
+    for name, value in params:
+        parts += ["-p", name, shlex.quote(str(value))]
+    line = " ".join(parts)
+    if len(d.text_columns) > 1:
+        line += ("  # sentence pairs: the notebook takes one text_column; use the parameter file"
+                 " with `workbench train` for both")
+    return line
+
+
+class Pickers(widgets.VBox):
+    """Both pickers plus export of the choice as a parameter file and command lines."""
+
+    def __init__(self, *, model: ModelPicker | None = None, dataset: DatasetPicker | None = None,
+                 train: TrainConfig | None = None, **kwargs: Any):
+        self.model = model or ModelPicker()
+        self.dataset = dataset or DatasetPicker()
+        self.train = train or TrainConfig()
+        self.export_path = widgets.Text(value="run.yaml", description="Parameter file",
+                                        layout=widgets.Layout(width="60%"))
+        self.output_dir = widgets.Text(value=self.train.output_dir, description="Output dir")
+        self.export_button = widgets.Button(description="Export", button_style="success")
+        self.commands = widgets.HTML()
+        self.message = widgets.HTML()
+        self.exported: Path | None = None
+        self.export_button.on_click(lambda _: self.export())
+        super().__init__([
+            self.model, self.dataset, widgets.HTML("<b>Export for a headless run</b>"),
+            widgets.HBox([self.export_path, self.output_dir]), self.export_button,
+            self.commands, self.message,
+        ], **kwargs)
+
+    @property
+    def model_choice(self) -> ModelChoice:
+        return self.model.model_choice
+
+    @property
+    def dataset_choice(self) -> DatasetChoice:
+        return self.dataset.dataset_choice
+
+    def run_spec(self, train: TrainConfig | None = None) -> RunSpec:
+        """RunSpec of the current choice; batch size, length, precision and checkpointing
+        come from the model picker, everything else from ``train`` (default: TrainConfig())."""
+        from dataclasses import replace
+
+        base = train or self.train
+        base = replace(base, batch_size=self.model.batch_size, max_length=self.model.seq_len,
+                       precision=self.model.precision,
+                       gradient_checkpointing=self.model.gradient_checkpointing,
+                       output_dir=self.output_dir.value or base.output_dir)
+        return RunSpec(model=self.model_choice, data=self.dataset_choice, train=base)
+
+    def export(self, path: str | None = None, train: TrainConfig | None = None) -> Path | None:
+        """Save the RunSpec (YAML or JSON by extension) and show the equivalent commands."""
+        self.message.value = ""
+        try:
+            spec = self.run_spec(train)
+            target = spec.save(path or self.export_path.value or "run.yaml")
+        except Exception as e:
+            self.message.value = _error_html(e)
+            return None
+        self.exported = target
+        cli = f"workbench train --config {shlex.quote(str(target))}"
+        self.commands.value = (
+            f"<div>Saved <code>{html.escape(str(target))}</code>. Re-run it unchanged:</div>"
+            f"<pre>{html.escape(cli)}</pre><pre>{html.escape(papermill_command(spec))}</pre>")
+        return target
+
+    def commands_text(self, train: TrainConfig | None = None, config_path: str = "run.yaml") -> str:
+        """The two command lines (for scripts and tests)."""
+        spec = self.run_spec(train)
+        return f"workbench train --config {shlex.quote(config_path)}\n{papermill_command(spec)}"
+
+
+def pickers(**kwargs: Any) -> Pickers:
+    """Model picker, dataset picker and export, in one widget."""
+    return Pickers(**kwargs)
