@@ -74,7 +74,8 @@ class LabServer:
         self.token = token
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
-        self._log_file = open(log_path, "wb")  # a file, not a pipe: a full pipe would block the server
+        # A file, not a pipe: a full pipe would block the server. Closed in stop().
+        self._log_file = open(log_path, "wb")  # noqa: SIM115
         # Own process group, so stop() reaches kernels and terminals too.
         self.process = subprocess.Popen(
             argv, env=env, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True

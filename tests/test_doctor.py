@@ -47,6 +47,13 @@ def test_driver_for_cuda_11_8_with_torch_cu124_is_an_error():
     assert "whl/cu118" in result.fix  # or a torch build the driver can run
 
 
+def test_driver_too_old_for_any_torch_wheel_says_upgrade():
+    status = nvml_status(FakeNVML(driver="470.57.02", cuda_driver=11040))
+    result = dr.check_driver(status, "12.4")
+    assert result.level == "error" and "525.60.13" in result.message
+    assert "no recent torch wheels for CUDA <= 11.4" in result.fix
+
+
 def test_older_major_but_cuda_working_means_forward_compat_and_warns():
     status = nvml_status(FakeNVML(driver="520.61.05", cuda_driver=11080))
     result = dr.check_driver(status, "12.4", cuda_available=True)
@@ -108,15 +115,20 @@ def test_no_driver_and_no_cuda_warns():
     assert result.level == "warn" and "CPU" in result.message
 
 
-def test_cuda_visible_devices_hiding_every_gpu_is_named(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    torch_facts = dr.TorchFacts(version="2.13.0+cu124", cuda_build="12.4")
+def test_cuda_visible_devices_hiding_every_gpu_is_named():
+    torch_facts = dr.TorchFacts(version="2.13.0+cu124", cuda_build="12.4", cuda_visible_devices="")
     result = dr.check_cuda_available(torch_facts, nvml_status(scenario("one_gpu")))
     assert result.level == "error" and "CUDA_VISIBLE_DEVICES" in result.message
 
 
-def test_torch_failure_reason_is_passed_on(monkeypatch):
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+def test_driver_without_any_gpu_says_so():
+    status = nvml_status(scenario("no_gpus"))
+    result = dr.check_driver(status, "12.4")
+    assert result.level == "warn" and result.message.startswith("no usable NVIDIA GPU: ")
+    assert "--gpus all" in result.fix
+
+
+def test_torch_failure_reason_is_passed_on():
     reason = "CUDA initialization: The NVIDIA driver on your system is too old (found version 11080)."
     torch_facts = dr.TorchFacts(version="2.13.0+cu124", cuda_build="12.4", cuda_error=reason)
     result = dr.check_cuda_available(torch_facts, nvml_status(scenario("one_gpu")))

@@ -120,6 +120,23 @@ def test_tensorboard_scalars_are_written(tmp_path):
     assert acc.Scalars("eval/accuracy")[0].value == pytest.approx(0.9)
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed"
+)
+def test_tensorboard_drops_the_interrupted_runs_points_after_the_resume_step(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    write_run(tmp_path, steps=3, status="interrupted", tensorboard=None)
+    with EventLog(tmp_path) as log:
+        log.write("start", total_steps=4, resumed_from_step=2)
+        log.write("train", step=3, loss=0.123)
+        log.write("train", step=4, loss=0.1)
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    points = [(s.step, round(s.value, 3)) for s in acc.Scalars("train/loss")]
+    assert points == [(1, 1.0), (2, 0.5), (3, 0.123), (4, 0.1)]
+
+
 def test_follow_sees_events_from_a_writer_thread_and_stops_at_end(tmp_path):
     log = EventLog(tmp_path, tensorboard=False)
     log.write("start", total_steps=5)

@@ -166,6 +166,7 @@ def test_displaying_starts_sampling(make_panel):
     panel = make_panel(scenario("one_gpu"), interval=0.01)
     bundle = panel._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"].startswith("GPUPanel(interval=0.01 s, sampling")
     assert panel.running
     _wait(lambda: panel.latest is not None)
     GPUPanel.stop_all()  # what atexit runs when the kernel shuts down
@@ -206,6 +207,21 @@ def test_sampler_error_mid_run_marks_stale_and_recovers(make_panel):
     assert panel.running
 
 
+def test_a_drawing_bug_is_shown_and_sampling_goes_on(make_panel, monkeypatch):
+    panel = make_panel(scenario("one_gpu"), interval=0.01)
+
+    def broken(_snapshot):
+        raise KeyError("card")
+
+    monkeypatch.setattr(panel, "_draw_gpus", broken)
+    assert panel.refresh() is not None  # no exception into the notebook
+    assert "drawing failed" in panel.action.value and "KeyError" in panel.errors[-1]
+    panel.start()
+    taken = panel.sampler.samples_taken
+    _wait(lambda: panel.sampler.samples_taken > taken + 2)
+    assert panel.running
+
+
 # ---------------------------------------------------------------- a real kernel
 
 
@@ -223,12 +239,9 @@ def test_widget_updates_from_the_thread_reach_a_real_kernel_frontend():
             "panel = GPUPanel(interval=0.05, nvml=fake)\n"
             "display(panel)\n"
         )
-        msg_id = kc.execute(code)
-        reply = kc.get_shell_msg(timeout=30)
-        assert reply["parent_header"]["msg_id"] == msg_id
+        reply = _run(kc, code)
         assert reply["content"]["status"] == "ok", reply["content"]
-        kc.execute("fake.devices[0].utilization_gpu = 81")
-        kc.get_shell_msg(timeout=30)
+        _run(kc, "fake.devices[0].utilization_gpu = 81")
 
         updates, values = 0, []
         deadline = time.monotonic() + 5
@@ -244,8 +257,7 @@ def test_widget_updates_from_the_thread_reach_a_real_kernel_frontend():
         assert updates > 0, "no widget update arrived from the sampler thread"
         assert 81.0 in values  # a bar redrawn by the thread after the cell had finished
 
-        kc.execute("panel.close(); print('running', panel.running)")
-        kc.get_shell_msg(timeout=30)
+        _run(kc, "panel.close(); print('running', panel.running)")
         out = ""
         deadline = time.monotonic() + 5
         while "running" not in out and time.monotonic() < deadline:
@@ -278,3 +290,12 @@ def test_this_kernels_torch_memory_is_shown_apart(make_panel, monkeypatch):
     assert "peak 900 MiB since reset" in card0.mine.value
     assert card1.mine.value == ""
     assert "cuda:1" in panel.torch_html.value and "cuda:0" not in panel.torch_html.value
+
+
+def _run(kc, code):
+    """Execute and return this request's reply (a late kernel_info reply may come first)."""
+    msg_id = kc.execute(code)
+    while True:
+        reply = kc.get_shell_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply

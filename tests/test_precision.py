@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from workbench.errors import ConfigError
-from workbench.precision import DeviceFacts, accelerate_mixed_precision, resolve_precision, uses_scaler
+from workbench.precision import (
+    DeviceFacts,
+    accelerate_mixed_precision,
+    resolve_precision,
+    uses_scaler,
+)
 
 CPU = DeviceFacts(cuda=False, bf16=False)
 AMPERE = DeviceFacts(cuda=True, bf16=True, name="NVIDIA A100")

@@ -1,17 +1,20 @@
 """`workbench regress`: real papermill runs of the tiny notebooks in tests/fixtures/regress.
 
-Kernel starts are the slow part on two busy cores, so one CLI run (`--jobs 2`)
-executes all four fixture notebooks and most tests read its report; a few tests
-need a run of their own (baseline update, notebook timeout, kernel start failure).
+Kernel starts are the slow part on two busy cores, so the harness runs that the
+tests read are all started at once by one module fixture: the main run executes
+all four fixture notebooks (two at a time); three more runs cover
+--update-baselines, the per-notebook deadline and a kernel that cannot start.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -23,6 +26,7 @@ from workbench.errors import RegressionError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "regress"
 FIXTURE_ARGS = ["--root", str(FIXTURES), "--profiles-file", "profiles.yaml", "--profile", "fixtures"]
+DEADLINE_S = 15  # long enough for a kernel to start on a loaded machine
 
 
 def workbench_cli() -> list[str]:
@@ -31,35 +35,60 @@ def workbench_cli() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "workbench"]
 
 
-def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*workbench_cli(), "regress", *args], capture_output=True, text=True, timeout=timeout
-    )
+@dataclass
+class Run:
+    proc: subprocess.CompletedProcess
+    out: Path
+    baselines: Path
+    wall_s: float
 
-
-def library_args(tmp_path: Path, baselines: Path | None = None) -> dict:
-    return dict(
-        root=FIXTURES,
-        profiles_file="profiles.yaml",
-        baselines_file=baselines or FIXTURES / "baselines.yaml",
-        output_dir=tmp_path / "out",
-        log=lambda line: None,
-    )
+    @property
+    def report(self) -> dict:
+        path = self.out / "report.json"
+        assert path.exists(), self.proc.stdout + self.proc.stderr
+        return json.loads(path.read_text())
 
 
 @pytest.fixture(scope="module")
-def fixture_run(tmp_path_factory):
-    """All four fixture notebooks through the real CLI; returns (process, report, output dir)."""
+def runs(tmp_path_factory) -> dict[str, Run]:
+    """Every harness run the tests below read, started together (they mostly wait)."""
     tmp = tmp_path_factory.mktemp("regress")
-    baselines = tmp / "baselines.yaml"
-    shutil.copy(FIXTURES / "baselines.yaml", baselines)
-    out = tmp / "out"
-    proc = run_cli(
-        *FIXTURE_ARGS, "--baselines-file", str(baselines), "--output-dir", str(out), "--jobs", "2"
-    )
-    assert (out / "report.json").exists(), proc.stdout + proc.stderr
-    report = json.loads((out / "report.json").read_text())
-    return proc, report, out
+    spec_dir = tmp / "jupyter" / "kernels" / "broken-start"
+    spec_dir.mkdir(parents=True)
+    spec = {"argv": [sys.executable, "-c", "raise SystemExit(3)", "{connection_file}"],
+            "display_name": "exits at once", "language": "python"}  # fmt: skip
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    plans = {
+        "main": (["--jobs", "2"], {}),
+        "update": (["--notebooks", "records_metric", "--update-baselines"], {}),
+        "deadline": (
+            ["--notebooks", "slow_cell", "--cell-timeout", "300",
+             "--notebook-timeout", str(DEADLINE_S)],
+            {},
+        ),  # fmt: skip
+        "broken_kernel": (
+            ["--notebooks", "kernel_dies", "--kernel", "broken-start"],
+            {"JUPYTER_PATH": str(tmp / "jupyter")},
+        ),
+    }
+    started = {}
+    for name, (args, env) in plans.items():
+        baselines = tmp / f"{name}-baselines.yaml"
+        shutil.copy(FIXTURES / "baselines.yaml", baselines)
+        out = tmp / name
+        cmd = [*workbench_cli(), "regress", *FIXTURE_ARGS, "--baselines-file", str(baselines),
+               "--output-dir", str(out), *args]  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **env},
+        )  # fmt: skip
+        started[name] = (cmd, proc, out, baselines, time.monotonic())
+    done = {}
+    for name, (cmd, proc, out, baselines, t0) in started.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        completed = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+        done[name] = Run(completed, out, baselines, time.monotonic() - t0)
+    return done
 
 
 def result_of(report: dict, notebook: str) -> dict:
@@ -70,28 +99,27 @@ def verdicts(result: dict) -> dict[str, str]:
     return {m["name"]: m["verdict"] for m in result["metrics"]}
 
 
-# -- one run of every fixture notebook -------------------------------------------------
+# -- the main run: every fixture notebook ----------------------------------------------
 
 
-def test_exit_code_is_1_on_a_failed_notebook_or_regression(fixture_run):
-    proc, report, _ = fixture_run
-    assert proc.returncode == 1, proc.stderr
-    assert report["ok"] is False
-    assert report["summary"].startswith("FAILED: 3 failed notebook(s), 3 regressed/missing")
+def test_exit_code_is_1_on_a_failed_notebook_or_regression(runs):
+    main = runs["main"]
+    assert main.proc.returncode == 1, main.proc.stderr
+    assert main.report["ok"] is False
+    assert main.report["summary"].startswith("FAILED: 3 failed notebook(s), 3 regressed/missing")
 
 
-def test_one_log_line_per_notebook_start_and_finish_with_wall_time(fixture_run):
-    proc, _, _ = fixture_run
-    lines = proc.stdout.splitlines()
+def test_one_log_line_per_notebook_start_and_finish_with_wall_time(runs):
+    stdout = runs["main"].proc.stdout
+    lines = stdout.splitlines()
     for nb in ("records_metric", "broken_cell3", "kernel_dies", "slow_cell"):
-        assert sum(f"{nb}.ipynb: started" in line for line in lines) == 1, proc.stdout
+        assert sum(f"{nb}.ipynb: started" in line for line in lines) == 1, stdout
         finished = [line for line in lines if f"{nb}.ipynb: " in line and " in " in line]
-        assert len(finished) == 1 and " s" in finished[0], proc.stdout
+        assert len(finished) == 1 and " s" in finished[0], stdout
 
 
-def test_a_cell_error_names_the_cell_and_the_errors_last_line(fixture_run):
-    _, report, out = fixture_run
-    result = result_of(report, "broken_cell3.ipynb")
+def test_a_cell_error_names_the_cell_and_the_errors_last_line(runs):
+    result = result_of(runs["main"].report, "broken_cell3.ipynb")
     failure = result["failure"]
     assert result["status"] == "failed"
     assert failure["kind"] == "cell_error"
@@ -102,13 +130,13 @@ def test_a_cell_error_names_the_cell_and_the_errors_last_line(fixture_run):
     assert result["attempts"] == 1  # a cell error is never retried
     # The executed notebook is still written, with the traceback and what ran before it.
     executed = json.loads(Path(result["executed_path"]).read_text())
-    assert any(o.get("output_type") == "error" for c in executed["cells"] for o in c.get("outputs", []))
+    outputs = [o for cell in executed["cells"] for o in cell.get("outputs", [])]
+    assert any(o["output_type"] == "error" for o in outputs)
     assert result["records"] == {"before_error": 1}
 
 
-def test_metrics_are_judged_against_baselines(fixture_run):
-    _, report, _ = fixture_run
-    result = result_of(report, "records_metric.ipynb")
+def test_metrics_are_judged_against_baselines(runs):
+    result = result_of(runs["main"].report, "records_metric.ipynb")
     assert result["status"] == "regressed" and result["failure"] is None
     v = verdicts(result)
     assert v["eval_accuracy"] == "pass"  # 0.80 vs 0.82 - 0.05
@@ -120,9 +148,8 @@ def test_metrics_are_judged_against_baselines(fixture_run):
     assert v["train_rows"] == "no baseline"
 
 
-def test_kernel_death_is_reported_promptly_with_the_last_output(fixture_run):
-    _, report, _ = fixture_run
-    result = result_of(report, "kernel_dies.ipynb")
+def test_kernel_death_is_reported_promptly_with_the_last_output(runs):
+    result = result_of(runs["main"].report, "kernel_dies.ipynb")
     failure = result["failure"]
     assert failure["kind"] == "kernel_died"  # not a cell timeout (5 s) or a hang
     assert failure["cell"] == 3
@@ -132,29 +159,28 @@ def test_kernel_death_is_reported_promptly_with_the_last_output(fixture_run):
     assert Path(result["executed_path"]).exists()
 
 
-def test_a_cell_past_the_cell_timeout_fails_its_notebook(fixture_run):
-    _, report, _ = fixture_run
-    failure = result_of(report, "slow_cell.ipynb")["failure"]
+def test_a_cell_past_the_cell_timeout_fails_its_notebook(runs):
+    failure = result_of(runs["main"].report, "slow_cell.ipynb")["failure"]
     assert failure["kind"] == "cell_timeout"
     assert failure["cell"] == 3
+    assert "cell timeout (5 s)" in failure["message"]
     assert failure["last_output"] == "sleeping"
 
 
-def test_the_kernel_runs_this_python_with_the_harness_environment(fixture_run):
-    _, report, out = fixture_run
-    records = result_of(report, "records_metric.ipynb")["records"]
+def test_the_kernel_runs_this_python_with_the_harness_environment(runs):
+    records = result_of(runs["main"].report, "records_metric.ipynb")["records"]
     assert records["kernel_prefix"] == sys.prefix  # the venv, not another interpreter
     assert Path(records["kernel_python"]).parent == Path(sys.executable).parent
     assert records["headless"] == "1"
     assert records["profile_env"] == "from-profile"
     assert records["cwd"] == str(FIXTURES.resolve())  # the notebook's folder, as in JupyterLab
     assert records["train_rows"] == rg.TINY_DATA_ROWS["train"]  # {tiny_data} was prepared
-    assert (out / "scratch" / "records_metric" / "done.txt").read_text() == "ok"  # {output_dir}
+    done = runs["main"].out / "scratch" / "records_metric" / "done.txt"  # {output_dir}
+    assert done.read_text() == "ok"
 
 
-def test_report_md_is_a_readable_table(fixture_run):
-    _, report, out = fixture_run
-    md = (out / "report.md").read_text()
+def test_report_md_is_a_readable_table(runs):
+    md = (runs["main"].out / "report.md").read_text()
     assert md.startswith("# Regression report: profile `fixtures`")
     rows = [line for line in md.splitlines() if line.startswith("| ")]
     assert rows[0] == "| notebook | metric | baseline | value | verdict |"
@@ -166,19 +192,16 @@ def test_report_md_is_a_readable_table(fixture_run):
     assert "last words before the kernel dies" in md
 
 
-# -- runs of their own ---------------------------------------------------------------
+# -- the other runs --------------------------------------------------------------------
 
 
-def test_update_baselines_rewrites_values_and_keeps_direction_and_tolerance(tmp_path):
-    baselines = tmp_path / "baselines.yaml"
-    shutil.copy(FIXTURES / "baselines.yaml", baselines)
-    proc = run_cli(
-        *FIXTURE_ARGS, "--baselines-file", str(baselines), "--output-dir", str(tmp_path / "out"),
-        "--notebooks", "records_metric", "--update-baselines",
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr  # the values were accepted
-    text = baselines.read_text()
-    assert text.startswith("# Baselines for the fixture profile.")  # header comment kept
+def test_update_baselines_rewrites_values_and_keeps_direction_and_tolerance(runs):
+    update = runs["update"]
+    assert update.proc.returncode == 0, update.proc.stdout + update.proc.stderr  # values accepted
+    text = update.baselines.read_text()
+    before = (FIXTURES / "baselines.yaml").read_text().splitlines()
+    changed = [line.split(":")[0].strip() for line in text.splitlines() if line not in before]
+    assert changed == ["eval_accuracy", "eval_f1", "eval_loss"]  # edited in place, comments kept
     entries = yaml.safe_load(text)["fixtures"]["records_metric.ipynb"]
     assert entries["eval_accuracy"] == {"value": 0.8, "direction": "higher", "tolerance": 0.05}
     assert entries["eval_f1"]["value"] == 0.5
@@ -186,40 +209,34 @@ def test_update_baselines_rewrites_values_and_keeps_direction_and_tolerance(tmp_
     assert entries["nan_metric"]["value"] == 1.0  # null is never written over a number
     assert entries["never_recorded"]["value"] == 1.0
     assert "train_rows" not in entries  # new records need a person to choose a direction
-    md = (tmp_path / "out" / "report.md").read_text()
+    md = (update.out / "report.md").read_text()
     assert "records_metric.ipynb: eval_f1 0.9 -> 0.5" in md
-
-
-def test_a_notebook_past_its_deadline_is_killed_with_its_kernel(tmp_path):
-    t0 = time.monotonic()
-    report = rg.regress(
-        "fixtures", notebooks=["slow_cell"], cell_timeout_s=300, notebook_timeout_s=12,
-        **library_args(tmp_path),
+    # Without the flag, the file stays as it was.
+    assert yaml.safe_load(runs["main"].baselines.read_text()) == yaml.safe_load(
+        (FIXTURES / "baselines.yaml").read_text()
     )
-    elapsed = time.monotonic() - t0
-    failure = report.results[0].failure
-    assert failure.kind == "notebook_timeout", failure
-    assert failure.cell == 3 and "notebook timeout (12 s)" in failure.message
-    assert elapsed < 12 + rg.KILL_GRACE_S + 15
-    kernel_pid = int((tmp_path / "out" / "scratch" / "slow_cell" / "kernel.pid").read_text())
+
+
+def test_a_notebook_past_its_deadline_is_killed_with_its_kernel(runs):
+    deadline = runs["deadline"]
+    assert deadline.proc.returncode == 1
+    result = deadline.report["results"][0]
+    failure = result["failure"]
+    assert failure["kind"] == "notebook_timeout", failure
+    assert failure["cell"] == 3 and f"notebook timeout ({DEADLINE_S} s)" in failure["message"]
+    assert result["wall_s"] < DEADLINE_S + rg.KILL_GRACE_S + 10
+    kernel_pid = int((deadline.out / "scratch" / "slow_cell" / "kernel.pid").read_text())
     assert not psutil.pid_exists(kernel_pid) or psutil.Process(kernel_pid).status() == "zombie"
 
 
-def test_a_kernel_that_fails_to_start_is_retried_once(tmp_path, monkeypatch):
-    spec_dir = tmp_path / "jupyter" / "kernels" / "broken-start"
-    spec_dir.mkdir(parents=True)
-    spec = {"argv": [sys.executable, "-c", "raise SystemExit(3)", "{connection_file}"],
-            "display_name": "exits at once", "language": "python"}  # fmt: skip
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    report = rg.regress(
-        "fixtures", notebooks=["kernel_dies"], kernel="broken-start", **library_args(tmp_path)
-    )
-    result = report.results[0]
-    assert result.failure.kind == "kernel_start"
-    assert result.attempts == 2
-    assert "failed to start (tried twice)" in result.failure.message
-    assert not report.ok
+def test_a_kernel_that_fails_to_start_is_retried_once(runs):
+    broken = runs["broken_kernel"]
+    assert broken.proc.returncode == 1
+    result = broken.report["results"][0]
+    assert result["failure"]["kind"] == "kernel_start"
+    assert result["attempts"] == 2
+    assert "failed to start (tried twice)" in result["failure"]["message"]
+    assert "retrying once" in Path(result["log_path"]).read_text()
 
 
 # -- no kernel needed ----------------------------------------------------------------

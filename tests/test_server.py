@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,8 @@ def test_idle_kernels_are_culled_after_the_configured_time(lab):
 
 
 # --- what refuses to start ---------------------------------------------------------------
+# Each case is a separate server start that must exit non-zero with its reason. They run
+# side by side (one start costs a few seconds of imports) and each case reports alone.
 
 
 def _start_args(port: int, notebook_dir: Path, *extra: str) -> list[str]:
@@ -149,6 +152,7 @@ def _start_args(port: int, notebook_dir: Path, *extra: str) -> list[str]:
     return argv + (["--", *extra] if extra else [])
 
 
+# case -> (extra environment, extra server options, text the refusal must contain)
 MISCONFIGURATIONS = {
     "xsrf_off_on_command_line": (
         {}, ["--ServerApp.disable_check_xsrf=True"], "XSRF protection is disabled"),
@@ -166,50 +170,56 @@ MISCONFIGURATIONS = {
     "host_check_off": ({}, ["--ServerApp.allow_remote_access=True"], "Host-header check is off"),
     "nbconvert_sandbox_off": ({}, ["--ServerApp.nbconvert_csp_sandbox=False"], "nbconvert_csp_sandbox"),
     "plain_text_password": ({"WORKBENCH_PASSWORD_HASH": "hunter2"}, [], "plain-text password"),
+    "token_file_readable_by_others": ({"JUPYTER_TOKEN_FILE": "<loose token file>"}, [], "chmod 600"),
+    # A user-wide jupyter_config.py (loaded before ours) that switches XSRF off through a
+    # setting our configuration does not set.
+    "xsrf_off_in_user_config_file": ({}, ["<user config file>"], "XSRF protection is disabled"),
+    # Straight to jupyter with our configuration, as the image starts it, without the allow.
+    "root_without_explicit_allow": ({}, ["<as root>"], "would run as root"),
 }
 
 
+def _refusal_command(case: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
+    env_extra, args, _ = MISCONFIGURATIONS[case]
+    env = isolated_env(tmp, **{"JUPYTER_TOKEN": new_token(), **env_extra})
+    if case == "token_file_readable_by_others":
+        token_file = tmp / "token"
+        token_file.write_text(new_token() + "\n")
+        token_file.chmod(0o644)
+        env.pop("JUPYTER_TOKEN")
+        env["JUPYTER_TOKEN_FILE"] = str(token_file)
+    if case == "xsrf_off_in_user_config_file":
+        Path(env["JUPYTER_CONFIG_DIR"], "jupyter_config.py").write_text(
+            "c.ServerApp.tornado_settings = {'disable_check_xsrf': True}\n"
+        )
+        args = []
+    if case == "root_without_explicit_allow":
+        argv = [sys.executable, "-m", "jupyterlab", f"--config={SERVER_CONFIG}",
+                f"--ServerApp.port={free_port()}", "--ServerApp.ip=127.0.0.1", "--allow-root"]
+        return argv, env
+    return _start_args(free_port(), tmp, *args), env
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[str, tuple[int, str]]:
+    cases = sorted(MISCONFIGURATIONS)
+    if os.geteuid() != 0:
+        cases.remove("root_without_explicit_allow")
+    commands = {case: _refusal_command(case, tmp_path_factory.mktemp(case)) for case in cases}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {case: pool.submit(run_to_exit, *commands[case]) for case in cases}
+        return {case: future.result() for case, future in futures.items()}
+
+
 @pytest.mark.parametrize("case", sorted(MISCONFIGURATIONS))
-def test_misconfiguration_refuses_to_start(case, tmp_path):
-    env_extra, args, expected = MISCONFIGURATIONS[case]
-    env = isolated_env(tmp_path, JUPYTER_TOKEN=new_token(), **env_extra)
-    code, output = run_to_exit(_start_args(free_port(), tmp_path, *args), env)
+def test_misconfiguration_refuses_to_start(case, refusals):
+    if case not in refusals:
+        pytest.skip("needs root: checks that root is refused without WORKBENCH_ALLOW_ROOT=1")
+    code, output = refusals[case]
     assert code != 0, output
-    assert "refuses to start" in output
-    assert expected in output
+    assert "refuses to start" in output, output
+    assert MISCONFIGURATIONS[case][2] in output, output
     assert "Fix:" in output
-
-
-def test_token_file_readable_by_others_refuses(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text(new_token() + "\n")
-    token_file.chmod(0o644)
-    env = isolated_env(tmp_path, JUPYTER_TOKEN=None, JUPYTER_TOKEN_FILE=str(token_file))
-    code, output = run_to_exit(_start_args(free_port(), tmp_path), env)
-    assert code != 0
-    assert "mode 644" in output and "chmod 600" in output
-
-
-def test_insecure_user_config_file_refuses(tmp_path):
-    """A ~/.jupyter config file that switches XSRF off is caught too (it loads after ours)."""
-    env = isolated_env(tmp_path, JUPYTER_TOKEN=new_token())
-    Path(env["JUPYTER_CONFIG_DIR"], "jupyter_server_config.py").write_text(
-        "c.ServerApp.disable_check_xsrf = True\n"
-    )
-    code, output = run_to_exit(_start_args(free_port(), tmp_path), env)
-    assert code != 0
-    assert "XSRF protection is disabled" in output
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: checks that root is refused without the allow")
-def test_root_without_explicit_allow_refuses(tmp_path):
-    # Straight to jupyter with our config, as the image would start it, without WORKBENCH_ALLOW_ROOT.
-    env = isolated_env(tmp_path, JUPYTER_TOKEN=new_token())
-    argv = [sys.executable, "-m", "jupyterlab", f"--config={SERVER_CONFIG}",
-            f"--ServerApp.port={free_port()}", "--ServerApp.ip=127.0.0.1", "--allow-root"]
-    code, output = run_to_exit(argv, env)
-    assert code != 0
-    assert "would run as root" in output and "WORKBENCH_ALLOW_ROOT=1" in output
 
 
 def test_token_file_and_generated_token(tmp_path):
@@ -218,29 +228,28 @@ def test_token_file_and_generated_token(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
-    port = free_port()
-    env = isolated_env(tmp_path / "a", JUPYTER_TOKEN=None, JUPYTER_TOKEN_FILE=str(token_file))
-    server = LabServer(_start_args(port, tmp_path), env, port, token, tmp_path / "a.log")
+    port_a, port_b = free_port(), free_port()
+    env_a = isolated_env(tmp_path / "a", JUPYTER_TOKEN=None, JUPYTER_TOKEN_FILE=str(token_file))
+    env_b = isolated_env(tmp_path / "b", JUPYTER_TOKEN=None)
+    # Both start at once: half the waiting.
+    from_file = LabServer(_start_args(port_a, tmp_path), env_a, port_a, token, tmp_path / "a.log")
+    generated = LabServer(_start_args(port_b, tmp_path), env_b, port_b, "", tmp_path / "b.log")
     try:
-        server.wait_ready()
+        from_file.wait_ready()
         headers = {"Authorization": f"token {token}"}
-        assert http().get(f"{server.url}/api/contents", headers=headers).status_code == 200
-    finally:
-        server.stop()
+        assert http().get(f"{from_file.url}/api/contents", headers=headers).status_code == 200
 
-    port = free_port()
-    env = isolated_env(tmp_path / "b", JUPYTER_TOKEN=None)
-    server = LabServer(_start_args(port, tmp_path), env, port, "", tmp_path / "b.log")
-    try:
-        server.wait_ready()
-        lines = [line for line in server.log().splitlines() if "/lab?token=" in line and "..." not in line]
-        assert len(lines) == 1, server.log()
-        generated = lines[0].split("token=", 1)[1].strip()
-        assert len(generated) >= 32
-        headers = {"Authorization": f"token {generated}"}
-        assert http().get(f"{server.url}/api/contents", headers=headers).status_code == 200
+        generated.wait_ready()
+        lines = [ln for ln in generated.log().splitlines() if "/lab?token=" in ln and "..." not in ln]
+        assert len(lines) == 1, generated.log()
+        new = lines[0].split("token=", 1)[1].strip()
+        assert len(new) >= 32
+        headers = {"Authorization": f"token {new}"}
+        assert http().get(f"{generated.url}/api/contents", headers=headers).status_code == 200
+        assert http().get(f"{generated.url}/api/contents").status_code == 403
     finally:
-        server.stop()
+        from_file.stop()
+        generated.stop()
 
 
 # --- the image's start script, outside the image --------------------------------------

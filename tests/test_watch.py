@@ -120,3 +120,12 @@ def test_cli_no_follow_prints_history_and_exit_status(tmp_path, capsys):
     assert cli.main(["watch", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert "workbench watch: error: There is no run folder" in err and "Fix:" in err
+
+
+def test_workbench_watch_is_callable_even_after_the_module_was_imported(tmp_path):
+    import workbench
+    import workbench.watch  # noqa: F401  (sets the package attribute to the module)
+
+    write_finished_run(tmp_path, steps=1)
+    history = workbench.watch(tmp_path, mode="none", follow=False)
+    assert history.status == "completed"

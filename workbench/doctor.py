@@ -125,6 +125,8 @@ TOOLKIT_MIN_DRIVER = {
     (12, 9): "575.51.03",
     (13, 0): "580.65.06",
 }
+# CUDA versions with a torch wheel index (download.pytorch.org/whl/cuXYZ), recent releases.
+TORCH_WHEEL_CUDA = [(11, 8), (12, 1), (12, 4), (12, 6), (12, 8), (12, 9), (13, 0)]
 # Lowest driver that runs any build of that major through minor-version compatibility.
 MINOR_COMPAT_MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 
@@ -366,6 +368,7 @@ class TorchFacts:
     nccl: str | None = None
     cuda_available: bool = False
     cuda_error: str | None = None  # why torch.cuda.is_available() is False, when torch says
+    cuda_visible_devices: str | None = None  # the CUDA_VISIBLE_DEVICES torch ran with
     device_count: int = 0
     arch_list: list[str] = field(default_factory=list)  # torch.cuda.get_arch_list()
     # CUDA version -> compute capabilities that torch's published wheels of that CUDA ship
@@ -385,7 +388,11 @@ def gather_torch() -> TorchFacts:
         import torch
     except Exception as exc:  # not installed, or a broken build (missing .so)
         return TorchFacts(import_error=f"{type(exc).__name__}: {exc}")
-    facts = TorchFacts(version=torch.__version__, cuda_build=torch.version.cuda)
+    facts = TorchFacts(
+        version=torch.__version__,
+        cuda_build=torch.version.cuda,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
     # torch explains a failed CUDA start (driver too old, ...) only as a warning.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -437,11 +444,11 @@ def check_cuda_available(t: TorchFacts, status: Any) -> CheckResult:
     if t.cuda_available:
         return CheckResult(name, OK, f"torch.cuda.is_available() = True, {t.device_count} device(s)")
     driver_ok = bool(getattr(status, "available", False))
-    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    hidden = t.cuda_visible_devices
     if not driver_ok:
         return CheckResult(
             name, WARN,
-            "torch.cuda.is_available() = False: no usable NVIDIA driver, training runs on the CPU.",
+            "torch.cuda.is_available() = False: no usable NVIDIA GPU, training runs on the CPU.",
             "See 'nvidia driver' for how to give this environment a GPU.",
         )
     if not t.cuda_build:
@@ -486,9 +493,11 @@ def check_driver(status: Any, torch_cuda: str | None, cuda_available: bool = Fal
     name = "nvidia driver"
     if not getattr(status, "available", False):
         reason = getattr(status, "reason", None) or "NVML is not available"
+        # NVML can start (a driver version is known) yet show no GPU: say which case it is.
+        what = "no usable NVIDIA GPU" if getattr(status, "driver_version", None) else "no NVIDIA driver"
         return CheckResult(
             name, WARN,
-            f"no NVIDIA driver: {reason}. The CPU checks below still apply; training runs on the CPU.",
+            f"{what}: {reason}. The CPU checks below still apply; training runs on the CPU.",
             "On a GPU machine install the NVIDIA driver (nvidia-smi must work). In Docker, install "
             "the NVIDIA Container Toolkit on the host and start with --gpus all "
             "(compose: deploy.resources.reservations.devices with capabilities: [gpu]).",
@@ -507,9 +516,12 @@ def check_driver(status: Any, torch_cuda: str | None, cuda_available: bool = Fal
     need = _min_driver_for(build)
     need_text = f" (>= {need})" if need else ""
     build_s, supports_s = f"{build[0]}.{build[1]}", f"{supports[0]}.{supports[1]}"
+    wheels = [v for v in TORCH_WHEEL_CUDA if v <= supports]
     other_build = (
-        f"or install a torch built for CUDA <= {supports_s} "
-        f"(pip install torch --index-url https://download.pytorch.org/whl/cu{supports[0]}{supports[1]})"
+        f", or install a torch built for CUDA <= {supports_s}: pip install torch --index-url "
+        f"https://download.pytorch.org/whl/cu{wheels[-1][0]}{wheels[-1][1]} (an older torch "
+        "release may be needed)"
+        if wheels else f"; there are no recent torch wheels for CUDA <= {supports_s}"
     )
     if supports >= build:
         return CheckResult(name, OK, f"{described}; torch's CUDA {build_s} build is covered")
@@ -520,14 +532,14 @@ def check_driver(status: Any, torch_cuda: str | None, cuda_available: bool = Fal
                 name, ERROR,
                 f"{described}, older than {floor}, the lowest driver that runs CUDA {build[0]}.x "
                 f"builds: torch's CUDA {build_s} build cannot start.",
-                f"Upgrade the NVIDIA driver to one for CUDA {build_s}{need_text}, {other_build}.",
+                f"Upgrade the NVIDIA driver to one for CUDA {build_s}{need_text}{other_build}.",
             )
         return CheckResult(
             name, WARN,
             f"{described}; torch is built for CUDA {build_s}. It runs under CUDA minor-version "
             f"compatibility, but PTX newer than the driver cannot be compiled and features added "
             f"after CUDA {supports_s} fail.",
-            f"Upgrade the NVIDIA driver to one for CUDA {build_s}{need_text}, {other_build}.",
+            f"Upgrade the NVIDIA driver to one for CUDA {build_s}{need_text}{other_build}.",
         )
     if cuda_available:  # cuda-compat forward compatibility package, data-centre GPUs only
         return CheckResult(
@@ -536,11 +548,13 @@ def check_driver(status: Any, torch_cuda: str | None, cuda_available: bool = Fal
             f"forward-compatibility package must be in use (data-centre GPUs only).",
             f"Upgrade the NVIDIA driver to one for CUDA {build_s}{need_text} to drop the compat layer.",
         )
+    floor = MINOR_COMPAT_MIN_DRIVER.get(build[0])
+    floor_text = f" (>= {floor}; >= {need} for all of CUDA {build_s})" if floor and need else need_text
     return CheckResult(
         name, ERROR,
-        f"{described}, but torch {torch_cuda} needs a CUDA {build[0]}.x driver{need_text}: "
-        f"CUDA cannot initialise.",
-        f"Upgrade the NVIDIA driver to one for CUDA {build_s}{need_text}, {other_build}.",
+        f"{described}, but torch's CUDA {build_s} build needs a CUDA {build[0]}.x driver"
+        f"{floor_text}: CUDA cannot initialise.",
+        f"Upgrade the NVIDIA driver to one for CUDA {build_s}{need_text}{other_build}.",
     )
 
 

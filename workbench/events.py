@@ -81,6 +81,7 @@ class EventLog:
         self._lock = threading.Lock()
         self._file = None
         self._tb = None
+        self._tb_wanted = False
         if not enabled:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -90,8 +91,9 @@ class EventLog:
             # line; readers skip the broken one.
             self._file.write("\n")
             self._file.flush()
-        if tensorboard is not False:
-            self._tb = _open_tensorboard(self.output_dir / TENSORBOARD_DIR, required=bool(tensorboard))
+        # The TensorBoard writer opens at the first event, so that a resumed run's
+        # "start" can tell it which steps to drop from the interrupted run's files.
+        self._tb_wanted = tensorboard is not False and _tensorboard_available(required=bool(tensorboard))
 
     # -- writing ---------------------------------------------------------------
 
@@ -122,6 +124,9 @@ class EventLog:
             # unless the process dies inside this call.
             self._file.write(line)
             self._file.flush()
+            if self._tb_wanted and self._tb is None:
+                self._tb_wanted = False
+                self._tb = _open_tensorboard(self.output_dir / TENSORBOARD_DIR, event)
             if self._tb is not None:
                 self._write_scalars(event)
         for listener in list(self._listeners):
@@ -179,17 +184,32 @@ def _ends_with_newline(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
-def _open_tensorboard(log_dir: Path, required: bool):
+def _tensorboard_available(required: bool) -> bool:
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        import tensorboard  # noqa: F401
+        import torch.utils.tensorboard  # noqa: F401
     except ImportError as exc:
         if required:
             raise WorkbenchError(
                 f"TensorBoard logging was requested but cannot be imported ({exc}).",
                 "install it with `pip install tensorboard`, or pass tensorboard=None.",
             ) from exc
+        return False
+    return True
+
+
+def _open_tensorboard(log_dir: Path, first_event: Event):
+    from torch.utils.tensorboard import SummaryWriter
+
+    # A resume from step N: TensorBoard hides the interrupted run's points from step
+    # N+1 on, which the resumed run is about to write again.
+    resumed = first_event.get("resumed_from_step") if first_event["kind"] == "start" else None
+    purge_step = resumed + 1 if isinstance(resumed, int) and resumed > 0 else None
+    try:
+        return SummaryWriter(log_dir=str(log_dir), flush_secs=30, purge_step=purge_step)
+    except Exception:  # e.g. a read-only folder: the JSON log is the record
+        log.warning("cannot write TensorBoard files in %s", log_dir, exc_info=True)
         return None
-    return SummaryWriter(log_dir=str(log_dir), flush_secs=30)
 
 
 # event field -> TensorBoard tag

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from workbench.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 MIB = 1024**2
@@ -641,10 +643,16 @@ class GpuReader:
         self._nvml_backoff = _Backoff(backoff_initial, backoff_max)
         self._device_backoff: dict[int, _Backoff] = {}
         self.process_queries = 0  # for tests and the benchmark
+        self._lock = threading.Lock()
 
     # -- public
 
     def read(self) -> Snapshot:
+        # The sampler thread and a direct refresh() may call at once; the caches need one reader.
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> Snapshot:
         now = self._clock()
         host = host_sample()
         torch_mem = torch_memory()
@@ -889,8 +897,9 @@ class Sampler:
         backoff_max: float = 30.0,
         nvml: Any = None,
     ):
-        if interval <= 0:
-            raise ValueError(f"interval={interval!r} must be > 0 seconds")
+        if not interval > 0:
+            raise ConfigError("interval", interval, "a number of seconds > 0",
+                              "use e.g. GPUPanel(interval=1.0)")
         self.read = read or GpuReader(nvml).read
         self.interval = float(interval)
         self.backoff_max = backoff_max
@@ -899,6 +908,7 @@ class Sampler:
             maxlen=max(2, math.ceil(history_seconds / self.interval)))
         self.errors: collections.deque[tuple[float, str]] = collections.deque(maxlen=50)
         self.samples_taken = 0
+        self._logged: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -947,8 +957,7 @@ class Sampler:
                 error_delay = 0.0
                 delay = max(0.0, self.interval - (time.monotonic() - started))
             except Exception as exc:
-                log.exception("GPU sampler: reading failed; retrying")
-                self.errors.append((time.time(), describe_error(exc)))
+                self._log_error("reading failed; retrying with back-off", exc)
                 snapshot = self._stale(describe_error(exc))
                 error_delay = min(self.backoff_max, max(self.interval, error_delay * 2))
                 delay = error_delay
@@ -956,8 +965,21 @@ class Sampler:
                 try:
                     self.on_sample(snapshot)
                 except Exception as exc:  # a drawing bug must not stop sampling
-                    log.exception("GPU sampler: on_sample failed")
-                    self.errors.append((time.time(), f"display: {describe_error(exc)}"))
+                    self._log_error("display failed", exc, prefix="display: ")
+
+    def _log_error(self, what: str, exc: BaseException, prefix: str = "") -> None:
+        """Record every error; log a traceback the first time each one is seen.
+
+        A GPU that stays lost fails at every retry; one traceback says it, and a
+        log line every 30 s in the notebook would bury the user's own output.
+        """
+        message = prefix + describe_error(exc)
+        if message not in self._logged:
+            self._logged.add(message)
+            log.warning("GPU sampler: %s: %s", what, message, exc_info=exc)
+        else:
+            log.debug("GPU sampler: %s again: %s", what, message)
+        self.errors.append((time.time(), message))
 
     def _stale(self, reason: str) -> Snapshot | None:
         last = self.latest

@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -206,8 +207,11 @@ def prepare_placeholders(needed: set[str], shared_dir: Path) -> dict[str, str]:
     """Build what the chosen notebooks refer to; each is built once per output folder."""
     values = {}
     if "tiny_model" in needed:
-        from workbench.synthetic import make_tiny_bert  # imports torch: only when needed
+        from transformers.utils import logging as hf_logging  # imports torch: only when needed
 
+        from workbench.synthetic import make_tiny_bert
+
+        hf_logging.disable_progress_bar()  # a bar per saved shard is noise in a CI log
         values["tiny_model"] = str(make_tiny_bert(shared_dir / "tiny-bert"))
     if "tiny_data" in needed:
         from workbench.synthetic import write_csv
@@ -356,7 +360,7 @@ def compare_metrics(
         for name, baseline in baselines.items()
     ]
     results += [
-        MetricResult(name, value, None, "no baseline", "add it to the baselines file to check it")
+        MetricResult(name, value, None, "no baseline")
         for name, value in records.items()
         if name not in baselines
     ]
@@ -548,7 +552,7 @@ def resolve_kernel(name: str, shared_dir: Path, log: Log = _print) -> KernelChoi
     }
     if argv0 in aliases:
         return KernelChoice(name, sys.executable, {})
-    if name == "python3" and _real(argv0) != _real(sys.executable):
+    if name == "python3" and _bin_dir(argv0) != _bin_dir(sys.executable):
         kernel_dir = shared_dir / "jupyter" / "kernels" / name
         kernel_dir.mkdir(parents=True, exist_ok=True)
         override = {
@@ -566,8 +570,10 @@ def resolve_kernel(name: str, shared_dir: Path, log: Log = _print) -> KernelChoi
     return KernelChoice(name, argv0, {})  # a kernel the user named on purpose: respected
 
 
-def _real(path: str) -> str:
-    return os.path.realpath(shutil.which(path) or path)
+def _bin_dir(executable: str) -> Path:
+    """The folder of an interpreter, links not followed: a venv's bin/python links to the
+    base interpreter, which lacks the venv's packages, so resolving links would hide that."""
+    return Path(os.path.abspath(shutil.which(executable) or executable)).parent
 
 
 # -- running ---------------------------------------------------------------------------
@@ -654,14 +660,12 @@ def regress(
         f"[regress] profile {profile}: {len(tasks)} notebook(s), jobs={jobs}, "
         f"cell timeout {cell_timeout:g} s, notebook timeout {notebook_timeout:g} s"
     )
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="regress")
     try:
-        if jobs == 1:
-            results = [runner.run(task) for task in tasks]
-        else:
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
-                results = list(pool.map(runner.run, tasks))
+        results = list(pool.map(runner.run, tasks))
     finally:
         runner.kill_all()  # on Ctrl-C or an error, no worker or kernel outlives us
+        pool.shutdown(wait=True, cancel_futures=True)
 
     report = RegressReport(
         profile=profile,
@@ -742,6 +746,7 @@ class _Runner:
         self.log = log
         self._live: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
+        self._stopping = False  # set by kill_all: start no further notebook
 
     def run(self, task: _Task) -> NotebookResult:
         # A previous run's scratch folder could be resumed from (checkpoints): start clean.
@@ -775,6 +780,8 @@ class _Runner:
             )
             with self._lock:
                 self._live.add(proc)
+                if self._stopping:
+                    proc.kill()
             try:
                 proc.wait(timeout=self.notebook_timeout_s)
             except subprocess.TimeoutExpired:
@@ -795,6 +802,7 @@ class _Runner:
 
     def kill_all(self) -> None:
         with self._lock:
+            self._stopping = True
             live = list(self._live)
         for proc in live:
             _kill_tree(proc, grace_s=1.0)
@@ -993,17 +1001,14 @@ def write_updated_baselines(report: RegressReport, path: str | Path) -> list[str
 
     Notebooks that failed are left alone, and new records are not added (their
     direction and tolerance need a person): the report lists them as "no baseline".
-    The file's leading comment block is kept. Returns one line per changed value.
+    Only the ``value:`` of changed entries is edited in place, so comments stay and
+    the diff a maintainer reviews shows just the numbers. Returns one line per change.
     """
     path = Path(path)
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    header = []
-    for line in text.splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            break
-        header.append(line)
     data = yaml.safe_load(text) or {}
     section = data.get(report.profile) or {}
+    new_values: dict[tuple[str, str], Any] = {}
     changes = []
     for result in report.results:
         if result.status == "failed":
@@ -1012,16 +1017,51 @@ def write_updated_baselines(report: RegressReport, path: str | Path) -> list[str
             if name not in result.records:
                 continue
             new = _rounded(result.records[name])
-            if entry.get("direction", "higher") != "equal" and not (
-                _is_number(new) and math.isfinite(new)
-            ):
+            numeric = _is_number(new) and math.isfinite(new)
+            if entry.get("direction", "higher") != "equal" and not numeric:
                 continue  # never write a non-number where a number is compared
             if new != entry.get("value"):
                 changes.append(f"{result.notebook}: {name} {entry.get('value')!r} -> {new!r}")
                 entry["value"] = new
-    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
-    path.write_text("\n".join(header).rstrip() + ("\n" if header else "") + body, encoding="utf-8")
+                new_values[(result.notebook, name)] = new
+    edited = _edit_values(text, report.profile, new_values)
+    if yaml.safe_load(edited or "{}") != data:
+        # A layout the line editor does not follow: write the data itself (comments lost).
+        edited = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+    path.write_text(edited, encoding="utf-8")
     return changes
+
+
+_KEY_LINE = re.compile(
+    r"""^(?P<indent>\s*)(?P<q>["']?)(?P<key>[^"'#\s][^"'#]*?)(?P=q):(?:\s+|$)(?P<rest>.*)$"""
+)
+_FLOW_VALUE = re.compile(r"(\bvalue:\s*)([^,}]+?)(\s*[,}])")
+
+
+def _edit_values(text: str, profile: str, new_values: Mapping[tuple[str, str], Any]) -> str:
+    """``text`` with ``profile.notebook.metric.value`` replaced for each entry of new_values."""
+    lines = text.splitlines(keepends=True)
+    stack: list[tuple[int, str]] = []  # (indent, key) of the mapping keys above this line
+    for i, line in enumerate(lines):
+        match = _KEY_LINE.match(line)
+        if not match or line.lstrip().startswith("#"):
+            continue
+        indent = len(match["indent"])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, match["key"].strip()))
+        keys = [key for _, key in stack]
+        if keys[0] != profile:
+            continue
+        if len(keys) == 3 and tuple(keys[1:]) in new_values and match["rest"].startswith("{"):
+            new = json.dumps(new_values[tuple(keys[1:])])  # JSON scalars are YAML scalars
+            lines[i] = _FLOW_VALUE.sub(lambda m, new=new: m[1] + new + m[3], line, count=1)
+        elif len(keys) == 4 and keys[3] == "value" and tuple(keys[1:3]) in new_values:
+            new = json.dumps(new_values[tuple(keys[1:3])])
+            comment = line[line.index("#") :].rstrip("\n") if "#" in match["rest"] else ""
+            end = "\n" if line.endswith("\n") else ""
+            lines[i] = f"{match['indent']}value: {new}{'  ' + comment if comment else ''}{end}"
+    return "".join(lines)
 
 
 def _rounded(value: Any) -> Any:

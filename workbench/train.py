@@ -109,6 +109,9 @@ class ClassificationTask:
             num_labels=len(self.labels.names), id2label=self.labels.id2label,
             label2id=self.labels.label2id,
             ignore_mismatched_sizes=True,  # a new head when the label count differs
+            # fp32 master weights whatever the checkpoint stores: autocast gives the speed,
+            # and AdamW on bf16/fp16 weights loses small updates.
+            dtype=torch.float32,
         )
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
@@ -242,6 +245,13 @@ def _windows(run: _Run):
             yield window
 
 
+def _split(batch: dict, size: int) -> list[dict]:
+    rows = len(batch["labels"])
+    if rows <= size:
+        return [batch]
+    return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
+
+
 def _optimizer_step(run: _Run, batches: list[dict], step: int) -> torch.Tensor:
     """Forward/backward over the window in micro-batches, then one optimizer step.
 
@@ -250,18 +260,19 @@ def _optimizer_step(run: _Run, batches: list[dict], step: int) -> torch.Tensor:
     Returns the window's mean loss as a device tensor (no host sync).
     """
     acc, model, micro = run.accelerator, run.model, run.state.micro_batch_size
-    pieces = [{k: v[i:i + micro] for k, v in b.items()} for b in batches
-              for i in range(0, len(b["labels"]), micro)]
+    pieces = [piece for b in batches for piece in _split(b, micro)]
     rows = sum(len(p["labels"]) for p in pieces)
-    step_loss = torch.zeros((), device=acc.device)
+    step_loss = None
     for i, piece in enumerate(pieces):
         maybe_simulate_oom(step, micro)
         # Gradients are all-reduced only on the last backward of the step (DDP).
         sync = contextlib.nullcontext() if i == len(pieces) - 1 else acc.no_sync(model)
         with sync:
-            loss = run.task.loss(model, piece) * (len(piece["labels"]) / rows)
+            loss = run.task.loss(model, piece)
+            if len(pieces) > 1:
+                loss = loss * (len(piece["labels"]) / rows)
             acc.backward(loss)
-        step_loss += loss.detach()
+        step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
     if run.config.max_grad_norm is not None:
         acc.clip_grad_norm_(model.parameters(), run.config.max_grad_norm)
     run.optimizer.step()  # with fp16, Accelerate's GradScaler skips the step on inf/NaN gradients
@@ -303,6 +314,7 @@ def _train(run: _Run) -> str:
     """The loop. Returns "completed" or "interrupted" (a stop was requested)."""
     cfg, state = run.config, run.state
     windows = _windows(run)
+    run.model.train()  # from_pretrained returns a model in eval mode: dropout would be off
     run.last_log = (time.perf_counter(), state.step, 0)
     try:
         while state.step < run.total_steps:
@@ -325,9 +337,9 @@ def _train(run: _Run) -> str:
 
             if step % cfg.log_every == 0 or last:
                 _log_train(run)  # the only per-interval host sync: .item() of the losses
-            if (step % cfg.eval_every == 0) if cfg.eval_every else (epoch_done or last):
+            if last or ((step % cfg.eval_every == 0) if cfg.eval_every else epoch_done):
                 _evaluate(run)
-            if (step % cfg.save_every == 0) if cfg.save_every else (epoch_done or last):
+            if last or ((step % cfg.save_every == 0) if cfg.save_every else epoch_done):
                 _save_checkpoint(run)
             if epoch_done:
                 free_memory()
@@ -626,6 +638,13 @@ def _close(run: _Run) -> None:
         with contextlib.suppress(Exception):
             listener.close()
     run.log.close()
+    if run.accelerator.num_processes == 1:
+        # Leave the kernel as we found it: accelerate.notebook_launcher refuses to start
+        # while an Accelerator's state exists in the process.
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state()
+        GradientState._reset_state()
     free_memory()
 
 
@@ -734,6 +753,11 @@ def _result(run: _Run, status: str, model_dir: Path | None, history: list[dict])
 
 
 def _fit_worker(model, data, config, kwargs) -> None:
+    from accelerate.state import AcceleratorState
+
+    # A forked child inherits the kernel's single-process state (from an earlier fit):
+    # drop it so Accelerate reads the launcher's multi-process environment.
+    AcceleratorState._reset_state(reset_partial_state=True)
     fit(model, data, config, **kwargs)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import types
 from pathlib import Path
 
 from workbench import events
@@ -115,3 +117,15 @@ def run_cli(args: argparse.Namespace) -> int:
     if history.end is None:
         return 0 if args.no_follow else 1
     return 0 if history.status == "completed" else 1
+
+
+class _CallableModule(types.ModuleType):
+    """Importing ``workbench.watch`` (the CLI does) makes Python set the package
+    attribute ``workbench.watch`` to this module, hiding the function of the same
+    name; calling the module calls the function, so ``workbench.watch(dir)`` always works."""
+
+    def __call__(self, *args, **kwargs):
+        return watch(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

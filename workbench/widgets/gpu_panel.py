@@ -21,6 +21,7 @@ kept in ``panel.errors``.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import html
 import logging
@@ -212,7 +213,7 @@ class GPUPanel:
         self.sampler = gpu.Sampler(self.reader.read, interval=interval,
                                    history_seconds=history_seconds, on_sample=self._on_sample,
                                    backoff_max=backoff_max)
-        self.errors: list[str] = []
+        self.errors: collections.deque[str] = collections.deque(maxlen=100)
         self._draw_lock = threading.Lock()
         self._closed = False
         self._cards: dict[tuple[int, int | None], _GpuCard] = {}
@@ -250,9 +251,22 @@ class GPUPanel:
         if self._closed:
             return {"text/plain": "GPUPanel (closed; create a new one to monitor again)"}
         self._guard(self.start)
-        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
+        # What a viewer without widget support (nbconvert, papermill output) shows instead.
+        bundle["text/plain"] = repr(self)
         self._watch_comm_close()
         return bundle
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("sampling" if self.running else "stopped")
+        latest = self.sampler.latest
+        if latest is None:
+            seen = "no sample yet"
+        elif latest.status.available:
+            seen = f"{latest.status.device_count} GPU(s)"
+        else:
+            seen = f"no GPU: {latest.status.reason}"
+        return f"GPUPanel(interval={self.sampler.interval:g} s, {state}, {seen})"
 
     @property
     def running(self) -> bool:
@@ -332,8 +346,10 @@ class GPUPanel:
             try:
                 self._draw(snapshot)
             except Exception as exc:  # a drawing bug is shown, never raised into the notebook
-                log.exception("GPU panel: drawing failed")
-                self._record(f"drawing failed: {gpu.describe_error(exc)}")
+                message = f"drawing failed: {gpu.describe_error(exc)}"
+                if message not in self.errors:  # one traceback per distinct error
+                    log.warning("GPU panel: %s", message, exc_info=exc)
+                self._record(message)
 
     def _draw(self, snapshot: Snapshot) -> None:
         self._draw_header(snapshot)

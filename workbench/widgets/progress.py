@@ -320,9 +320,9 @@ def plot_history(history: RunHistory, figure=None):
     metric_ax.set_title("eval metrics")
     metric_ax.set_xlabel("step")
     if metric_names:
-        metric_ax.legend(loc="lower right")
+        metric_ax.legend(loc="best")
         values = [e[k] for e in history.evals for k in metric_names if _is_number(e.get(k))]
-        if values and 0 <= min(values) and max(values) <= 1:  # fractions: keep 1.0 in view
+        if values and min(values) >= 0 and max(values) <= 1:  # fractions: keep 1.0 in view
             metric_ax.set_ylim(max(0.0, min(values) - 0.05), 1.01)
     else:
         metric_ax.text(0.5, 0.5, "no evaluation yet", ha="center", va="center",

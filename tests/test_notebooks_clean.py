@@ -1,0 +1,92 @@
+"""The notebooks in notebooks/ are committed as clean documents that CI can parameterize.
+
+Each one: no outputs or execution counts, a markdown title first, exactly one cell
+tagged `parameters` (papermill injects after it), a place in the ci profile of
+`workbench regress`, and only known parameter names in the profiles.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench.regress import BASELINES_FILE, PROFILES_FILE, load_baselines, load_profiles
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+IDS = [p.name for p in NOTEBOOKS]
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(REPO).as_posix()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_committed_without_outputs_or_execution_counts(path):
+    dirty = [
+        i + 1
+        for i, cell in enumerate(load(path)["cells"])
+        if cell.get("outputs") or cell.get("execution_count") is not None
+    ]
+    assert not dirty, (
+        f"{path.name}: cells {dirty} have outputs or execution counts; clear them "
+        "(JupyterLab: Edit > Clear Outputs of All Cells, or `jupyter nbconvert --clear-output`)"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_starts_with_a_markdown_title(path):
+    first = load(path)["cells"][0]
+    source = "".join(first["source"]).lstrip()
+    assert first["cell_type"] == "markdown" and source.startswith("# "), (
+        f"{path.name}: the first cell must be a markdown cell starting with a '# Title'"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_has_exactly_one_parameters_cell(path):
+    tagged = [
+        i + 1
+        for i, cell in enumerate(load(path)["cells"])
+        if "parameters" in cell.get("metadata", {}).get("tags", [])
+    ]
+    assert len(tagged) == 1, f"{path.name}: cells tagged `parameters`: {tagged} (need exactly one)"
+    cell = load(path)["cells"][tagged[0] - 1]
+    assert cell["cell_type"] == "code"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_is_in_the_ci_profile(path):
+    ci = load_profiles(REPO / PROFILES_FILE)["ci"]
+    assert relative(path) in ci.notebooks, (
+        f"{relative(path)} is not in the ci profile of {PROFILES_FILE}: add it so CI runs it"
+    )
+
+
+def test_profiles_name_existing_notebooks_and_known_parameters():
+    from workbench.regress import notebook_parameters
+
+    problems = []
+    for profile in load_profiles(REPO / PROFILES_FILE).values():
+        for notebook, params in profile.notebooks.items():
+            path = REPO / notebook
+            if not path.is_file():
+                problems.append(f"{profile.name}: {notebook} does not exist")
+                continue
+            unknown = set(params) - (notebook_parameters(path) or set())
+            if unknown:
+                problems.append(f"{profile.name}: {notebook} has no parameter(s) {sorted(unknown)}")
+    assert not problems, "\n".join(problems)
+
+
+def test_baselines_name_notebooks_of_their_profile():
+    profiles = load_profiles(REPO / PROFILES_FILE)
+    for name, profile in profiles.items():
+        extra = set(load_baselines(REPO / BASELINES_FILE, name)) - set(profile.notebooks)
+        assert not extra, f"baselines for {name} name notebooks outside the profile: {extra}"

@@ -1,0 +1,65 @@
+"""The notebooks as committed: documents with one parameters cell, the contract's names, no outputs.
+
+Executing them is `workbench regress --profile ci`'s job; this checks what a reader and
+papermill rely on before any kernel starts.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+TRAINING_PARAMETERS = {
+    "model_name": "bert-base-uncased", "dataset_name": "stanfordnlp/sst2", "dataset_config": None,
+    "data_files": None, "text_column": "sentence", "label_column": "label",
+    "max_train_rows": None, "max_eval_rows": None, "num_epochs": 2, "batch_size": 32,
+    "learning_rate": 2e-5, "max_length": 128, "precision": "auto",
+}
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _parameters(nb: dict) -> dict:
+    cells = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
+    assert len(cells) == 1, "exactly one cell must be tagged `parameters`"
+    assert cells[0]["cell_type"] == "code"
+    values = {}
+    for node in ast.parse("".join(cells[0]["source"])).body:
+        assert isinstance(node, ast.Assign), "the parameters cell holds assignments only"
+        values[node.targets[0].id] = ast.literal_eval(node.value)
+    return values
+
+
+def test_all_five_notebooks_are_there():
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_a_clean_document(path):
+    nb = _load(path)
+    first = nb["cells"][0]
+    assert first["cell_type"] == "markdown" and "".join(first["source"]).startswith("# ")
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None, "commit without outputs"
+    params = _parameters(nb)
+    assert params["output_dir"].startswith("outputs")
+    if path.stem != "00_environment_check":
+        assert {k: params[k] for k in TRAINING_PARAMETERS} == TRAINING_PARAMETERS
+    assert "workbench.record(" in "".join("".join(c["source"]) for c in nb["cells"])
+
+
+def test_course_solutions_are_folded_and_tagged():
+    nb = _load(next(p for p in NOTEBOOKS if p.stem == "02_bert_course"))
+    solutions = [c for c in nb["cells"] if "solution" in c["metadata"].get("tags", [])]
+    assert len(solutions) == 3
+    for cell in solutions:
+        assert cell["metadata"]["jupyter"]["source_hidden"] is True
+        # a solution fills in only an exercise left empty, so a student's answer survives it
+        assert "is None:" in "".join(cell["source"])

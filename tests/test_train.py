@@ -1,0 +1,219 @@
+"""fit(): learning, the saved model, bad input caught before training, interrupts,
+NaN losses and out-of-memory retries (simulated on CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from datasets import Dataset, DatasetDict
+
+from workbench import checkpoint
+from workbench.errors import ConfigError, DataError, ModelError, TrainingError
+from workbench.memory import simulate_oom
+from workbench.synthetic import make_dataset
+from workbench.train import ClassificationTask, fit
+
+
+@pytest.fixture(autouse=True)
+def _few_threads():
+    torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module")
+def small_data():
+    return make_dataset(96, 32, seed=5)
+
+
+def _quick(tiny_bert, data, out, **overrides):
+    settings = dict(output_dir=str(out), learning_rate=2e-3, batch_size=8, num_workers=0, progress="none",
+                    max_steps=6, log_every=1, warmup_ratio=0.0)
+    settings.update(overrides)
+    return fit(str(tiny_bert), data, **settings)
+
+
+def _events(result, kind):
+    return [e for e in result.history if e["kind"] == kind]
+
+
+# ------------------------------------------------------------------------ learning
+def test_learns_the_sentiment_task_and_saves_a_pipeline_ready_model(tiny_bert, sentiment_data, tmp_path):
+    result = fit(str(tiny_bert), sentiment_data, output_dir=str(tmp_path / "run"), learning_rate=2e-3,
+                 num_epochs=1, batch_size=16, num_workers=0, progress="none", log_every=10)
+    assert result.status == "completed"
+    assert result.metrics["eval_accuracy"] >= 0.9
+    assert set(result.metrics) == {"eval_loss", "eval_accuracy", "eval_f1"}
+    assert result.label_names == ["negative", "positive"]
+    assert result.best_checkpoint == tmp_path / "run" / "best"
+    assert json.loads((result.best_checkpoint / "best.json").read_text())["metrics"]["eval_accuracy"] >= 0.9
+
+    from transformers import pipeline
+
+    classify = pipeline("text-classification", model=str(result.model_dir), device="cpu")
+    assert classify("The film is really wonderful, the cast is superb.")[0]["label"] == "positive"
+    assert classify("The plot is awful, the pacing is so dull.")[0]["label"] == "negative"
+    labels = json.loads((result.model_dir / "labels.json").read_text())
+    assert labels["label2id"] == {"negative": 0, "positive": 1}
+
+    kinds = [e["kind"] for e in result.history]
+    assert kinds[0] == "start" and kinds[-1] == "end"
+    train = _events(result, "train")[0]
+    for name in ("step", "epoch", "loss", "lr", "samples_per_s", "gpu_mem_bytes", "eta_s", "skipped_steps"):
+        assert name in train
+    assert (tmp_path / "run" / "events.jsonl").is_file()
+    run_json = json.loads((checkpoint.latest_checkpoint(tmp_path / "run") / "run.json").read_text())
+    assert run_json["seed"] == 42 and run_json["environment"]["packages"]["torch"]
+
+
+def test_rerunning_a_finished_run_resumes_and_does_nothing_more(tiny_bert, small_data, tmp_path):
+    first = _quick(tiny_bert, small_data, tmp_path / "run")
+    again = _quick(tiny_bert, small_data, tmp_path / "run")
+    assert again.status == "completed"
+    assert _events(again, "train") == []  # nothing left to do
+    assert any("Resumed from" in e["text"] for e in _events(again, "message"))
+    assert again.metrics == first.metrics
+
+
+# ------------------------------------------------------------- bad input, up front
+def _assert_nothing_trained(out):
+    assert not (out / "events.jsonl").exists()
+
+
+def test_unknown_eval_label(tiny_bert, tmp_path):
+    data = make_dataset(32, 8)
+    data["validation"] = Dataset.from_dict({"text": ["so so"], "label": ["neutral"]})
+    with pytest.raises(DataError, match="'neutral'"):
+        _quick(tiny_bert, data, tmp_path / "run")
+    _assert_nothing_trained(tmp_path / "run")
+
+
+def test_missing_text_column_names_the_available_ones(tiny_bert, small_data, tmp_path):
+    with pytest.raises(DataError, match="available columns: text, label"):
+        _quick(tiny_bert, small_data, tmp_path / "run", text_columns=["sentence"])
+    _assert_nothing_trained(tmp_path / "run")
+
+
+def test_empty_dataset(tiny_bert, tmp_path):
+    empty = Dataset.from_dict({"text": [], "label": []})
+    data = DatasetDict(train=empty, validation=make_dataset(8, 8)["validation"])
+    with pytest.raises(DataError, match="empty"):
+        _quick(tiny_bert, data, tmp_path / "run")
+    _assert_nothing_trained(tmp_path / "run")
+
+
+def test_batch_size_zero(tiny_bert, small_data, tmp_path):
+    with pytest.raises(ConfigError, match="batch_size"):
+        _quick(tiny_bert, small_data, tmp_path / "run", batch_size=0)
+    with pytest.raises(ConfigError, match="batch_sise"):
+        _quick(tiny_bert, small_data, tmp_path / "run", batch_sise=8)
+    _assert_nothing_trained(tmp_path / "run")
+
+
+def test_unwritable_output_dir(tiny_bert, small_data, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match="output_dir"):
+        _quick(tiny_bert, small_data, blocker / "run")
+
+
+def test_unknown_model_offline(small_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="no-such-org/no-such-model") as info:
+        fit("no-such-org/no-such-model", small_data, output_dir=str(tmp_path / "run"), progress="none")
+    assert "local folder" in info.value.fix
+    _assert_nothing_trained(tmp_path / "run")
+
+
+# -------------------------------------------------------------------- interrupts
+def test_keyboard_interrupt_saves_and_rerun_finishes(tiny_bert, small_data, tmp_path, monkeypatch):
+    import workbench.widgets.progress as progress
+
+    class StopAtStep3:
+        def __call__(self, event):
+            if event["kind"] == "train" and event["step"] == 3:
+                raise KeyboardInterrupt
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(progress, "make_progress", lambda mode: StopAtStep3())
+    out = tmp_path / "run"
+    result = _quick(tiny_bert, small_data, out, progress="console", max_steps=8, save_every=100)
+    assert result.status == "interrupted"
+    assert result.model_dir is None
+    assert checkpoint.latest_checkpoint(out).name == "step-000003"
+    assert _events(result, "end")[0]["status"] == "interrupted"
+
+    monkeypatch.setattr(progress, "make_progress", lambda mode: (lambda event: None))
+    resumed = _quick(tiny_bert, small_data, out, max_steps=8, save_every=100)
+    assert resumed.status == "completed"
+    assert [e["step"] for e in _events(resumed, "train")] == [4, 5, 6, 7, 8]
+    assert (out / "model" / "config.json").is_file()
+
+
+def test_sigterm_handler_is_restored(tiny_bert, small_data, tmp_path):
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    _quick(tiny_bert, small_data, tmp_path / "run", max_steps=1)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+# -------------------------------------------------------------------------- NaN
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_bert, small_data, tmp_path,
+                                                                         monkeypatch):
+    original = ClassificationTask.loss
+    calls = {"n": 0}
+
+    def loss_with_nan(self, model, batch):
+        calls["n"] += 1
+        loss = original(self, model, batch)
+        return loss * float("nan") if calls["n"] == 5 else loss  # 5th micro-batch = step 5
+
+    monkeypatch.setattr(ClassificationTask, "loss", loss_with_nan)
+    out = tmp_path / "run"
+    with pytest.raises(TrainingError, match="step 5") as info:
+        _quick(tiny_bert, small_data, out, max_steps=8, save_every=2, log_every=4)
+    assert info.value.step == 5
+    assert "learning_rate" in info.value.fix
+    good = checkpoint.latest_checkpoint(out)
+    assert good.name == "step-000004"
+    weights = torch.load(good / "model.pt", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
+    ends = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert ends[-1]["kind"] == "end" and ends[-1]["status"] == "failed"
+
+
+def test_huge_learning_rate_is_reported_not_silently_saved(tiny_bert, small_data, tmp_path):
+    out = tmp_path / "run"
+    try:
+        result = _quick(tiny_bert, small_data, out, learning_rate=1e6, max_grad_norm=None, max_steps=12)
+    except TrainingError as exc:
+        assert "step" in str(exc) and exc.step is not None
+        return
+    # If the loss never became NaN/inf, the saved model must at least be finite.
+    state = torch.load(checkpoint.latest_checkpoint(out) / "model.pt", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point()), result
+
+
+# -------------------------------------------------------------------------- OOM
+def test_oom_halves_the_micro_batch_and_keeps_the_loss_curve(tiny_bert, small_data, tmp_path):
+    plain = _quick(tiny_bert, small_data, tmp_path / "plain")
+    with simulate_oom(lambda step, size: step == 3 and size > 2):
+        retried = _quick(tiny_bert, small_data, tmp_path / "oom")
+    assert retried.status == "completed"
+    warnings = [e["text"] for e in _events(retried, "message") if e["level"] == "warn"]
+    assert len(warnings) == 2 and "micro-batch 4 x 2" in warnings[0] and "micro-batch 2 x 4" in warnings[1]
+    sizes = [e["micro_batch_size"] for e in _events(retried, "train")]
+    assert sizes[:2] == [8, 8] and sizes[2:] == [2, 2, 2, 2]
+    # Same effective batch: the same losses, up to float summation order.
+    plain_losses = [e["loss"] for e in _events(plain, "train")]
+    retried_losses = [e["loss"] for e in _events(retried, "train")]
+    assert retried_losses == pytest.approx(plain_losses, abs=1e-5)
+
+
+def test_oom_at_micro_batch_one_gives_up(tiny_bert, small_data, tmp_path):
+    with simulate_oom(lambda step, size: step == 2), pytest.raises(TrainingError, match="micro-batch of 1") as info:
+        _quick(tiny_bert, small_data, tmp_path / "run")
+    assert info.value.step == 2

@@ -1,0 +1,79 @@
+"""Two real DDP processes (gloo on CPU) through `torchrun ... workbench train --config`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from workbench.config import DatasetChoice, ModelChoice, RunSpec, TrainConfig
+from workbench.synthetic import write_csv
+
+
+def test_two_processes_stay_identical_and_only_rank0_writes(tiny_bert, tmp_path):
+    data = tmp_path / "data"
+    write_csv(data / "train.csv", 96, seed=0)
+    write_csv(data / "validation.csv", 32, seed=1)
+    out = tmp_path / "run"
+    spec = RunSpec(
+        model=ModelChoice(str(tiny_bert)),
+        data=DatasetChoice(source="files", path=str(data), text_columns=("text",), label_column="label"),
+        train=TrainConfig(output_dir=str(out), learning_rate=2e-3, batch_size=8, max_steps=6, save_every=3,
+                          log_every=1, num_workers=0, gradient_accumulation_steps=2),
+    )
+    config = spec.save(tmp_path / "run.yaml")
+    hashes = tmp_path / "hashes"  # outside output_dir: a test-only hook, one file per rank
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORKBENCH_TEST_PARAM_HASH_DIR": str(hashes)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "workbench", "train", "--config", str(config), "--progress", "none"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    rank0, rank1 = (hashes / "rank0.sha256").read_text(), (hashes / "rank1.sha256").read_text()
+    assert rank0 == rank1  # DDP kept the weights identical on both ranks
+
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    kinds = Counter(e["kind"] for e in events)
+    assert kinds["start"] == 1 and kinds["end"] == 1  # one writer, not two
+    assert [e["step"] for e in events if e["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+    start = next(e for e in events if e["kind"] == "start")
+    assert start["world_size"] == 2
+    # 96 rows / (8 per batch * 2 ranks) = 6 batches per rank and epoch, 2 per step.
+    assert start["total_steps"] == 6 and events[-1]["status"] == "completed"
+    checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert checkpoints == ["step-000003", "step-000006"]
+    assert (out / "model" / "config.json").is_file()
+    assert not any("rank" in p.name for p in out.rglob("*"))
+
+
+def test_fit_distributed_from_a_notebook_process(tiny_bert, tmp_path):
+    """accelerate.notebook_launcher forks two gloo workers; the result comes back from disk."""
+    from workbench.synthetic import make_dataset
+    from workbench.train import fit_distributed
+
+    result = fit_distributed(str(tiny_bert), make_dataset(64, 16, seed=3), num_processes=2,
+                             output_dir=str(tmp_path / "run"), learning_rate=2e-3, batch_size=8, max_steps=3,
+                             log_every=1, num_workers=0, progress="none")
+    assert result.status == "completed"
+    assert result.label_names == ["negative", "positive"]
+    assert set(result.metrics) == {"eval_loss", "eval_accuracy", "eval_f1"}
+    start = next(e for e in result.history if e["kind"] == "start")
+    assert start["world_size"] == 2
+    assert sum(e["kind"] == "start" for e in result.history) == 1
+
+
+def test_fit_distributed_refuses_once_cuda_is_initialised(monkeypatch, tmp_path):
+    import torch
+
+    from workbench.errors import WorkbenchError
+    from workbench.train import fit_distributed
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(WorkbenchError, match="restart the kernel"):
+        fit_distributed("any-model", None, num_processes=2, output_dir=str(tmp_path / "run"))
