@@ -63,6 +63,13 @@ def lab(tmp_path_factory):
     notebook = nbformat.v4.new_notebook(cells=CELLS)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, workspace / "widget_check.ipynb")
+    # Throw-away JupyterLab settings (start_lab points JUPYTERLAB_SETTINGS_DIR here): no
+    # news-consent toast over the widgets in the screenshots.
+    notification = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension"
+    notification.mkdir(parents=True)
+    (notification / "notification.jupyterlab-settings").write_text(
+        '{"fetchNews": "false", "checkForUpdates": false}'
+    )
     server = start_lab(tmp, workspace)
     yield server
     server.stop()

@@ -77,7 +77,15 @@ def make_dataset(n_train: int = 800, n_eval: int = 200, seed: int = 0):
 
 def train_tokenizer(texts: list[str] | None = None, vocab_size: int = 400):
     """A WordPiece BERT tokenizer trained on ``texts`` (default: generated sentences)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     texts = texts or [row["text"] for row in make_rows(2000, seed=123)]
@@ -85,7 +93,7 @@ def train_tokenizer(texts: list[str] | None = None, vocab_size: int = 400):
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False))
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
