@@ -23,10 +23,11 @@ say() { echo "[workbench-entrypoint] $*" >&2; }
 # these (tmpfs or volume) folders, which must exist before the server starts.
 prepare_dirs() {
     local dir
-    for dir in "${JUPYTER_RUNTIME_DIR:-}" "${JUPYTER_DATA_DIR:-}" "${IPYTHONDIR:-}" \
+    for dir in "${JUPYTER_RUNTIME_DIR:-}" "${JUPYTER_CONFIG_DIR:-}" "${JUPYTER_DATA_DIR:-}" "${IPYTHONDIR:-}" \
                "${MPLCONFIGDIR:-}" "${JUPYTERLAB_SETTINGS_DIR:-}" "${JUPYTERLAB_WORKSPACES_DIR:-}"; do
         [ -n "$dir" ] || continue
-        mkdir -p -m 700 "$dir" 2>/dev/null || say "warning: cannot create $dir; the server may fail to write there"
+        { mkdir -p "$dir" && chmod 700 "$dir"; } 2>/dev/null \
+            || say "warning: cannot create $dir; the server may fail to write there"
     done
 }
 

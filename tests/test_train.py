@@ -4,6 +4,8 @@ NaN losses and out-of-memory retries (simulated on CPU)."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import shutil
 
 import pytest
 import torch
@@ -40,7 +42,7 @@ def _events(result, kind):
 # ------------------------------------------------------------------------ learning
 def test_learns_the_sentiment_task_and_saves_a_pipeline_ready_model(tiny_bert, sentiment_data, tmp_path):
     result = fit(str(tiny_bert), sentiment_data, output_dir=str(tmp_path / "run"), learning_rate=2e-3,
-                 num_epochs=1, batch_size=16, num_workers=0, progress="none", log_every=10)
+                 num_epochs=1, batch_size=8, warmup_ratio=0.1, num_workers=0, progress="none", log_every=10)
     assert result.status == "completed"
     assert result.metrics["eval_accuracy"] >= 0.9
     assert set(result.metrics) == {"eval_loss", "eval_accuracy", "eval_f1"}
@@ -139,8 +141,10 @@ def test_keyboard_interrupt_saves_and_rerun_finishes(tiny_bert, small_data, tmp_
 
     monkeypatch.setattr(progress, "make_progress", lambda mode: StopAtStep3())
     out = tmp_path / "run"
-    result = _quick(tiny_bert, small_data, out, progress="console", max_steps=8, save_every=100)
+    result = _quick(tiny_bert, small_data, out, progress="console", max_steps=8, save_every=100,
+                    num_workers=2)
     assert result.status == "interrupted"
+    assert multiprocessing.active_children() == []  # DataLoader workers are gone
     assert result.model_dir is None
     assert checkpoint.latest_checkpoint(out).name == "step-000003"
     assert _events(result, "end")[0]["status"] == "interrupted"
@@ -198,10 +202,22 @@ def test_huge_learning_rate_is_reported_not_silently_saved(tiny_bert, small_data
 
 
 # -------------------------------------------------------------------------- OOM
-def test_oom_halves_the_micro_batch_and_keeps_the_loss_curve(tiny_bert, small_data, tmp_path):
-    plain = _quick(tiny_bert, small_data, tmp_path / "plain")
+@pytest.fixture(scope="module")
+def tiny_bert_without_dropout(tiny_bert, tmp_path_factory):
+    """Dropout masks depend on the micro-batch shape; without dropout the curves must agree."""
+    copy = tmp_path_factory.mktemp("models") / "no-dropout"
+    shutil.copytree(tiny_bert, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+def test_oom_halves_the_micro_batch_and_keeps_the_loss_curve(tiny_bert_without_dropout, small_data, tmp_path):
+    model = tiny_bert_without_dropout
+    plain = _quick(model, small_data, tmp_path / "plain")
     with simulate_oom(lambda step, size: step == 3 and size > 2):
-        retried = _quick(tiny_bert, small_data, tmp_path / "oom")
+        retried = _quick(model, small_data, tmp_path / "oom")
     assert retried.status == "completed"
     warnings = [e["text"] for e in _events(retried, "message") if e["level"] == "warn"]
     assert len(warnings) == 2 and "micro-batch 4 x 2" in warnings[0] and "micro-batch 2 x 4" in warnings[1]

@@ -24,6 +24,7 @@ _EXPORTS = {
     "doctor": "workbench.doctor",
     "fit": "workbench.train",
     "FitResult": "workbench.train",
+    "fit_distributed": "workbench.train",
     "watch": "workbench.watch",
     "record": "workbench.record",
     "model_picker": "workbench.widgets.pickers",

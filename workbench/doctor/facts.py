@@ -1,0 +1,258 @@
+"""Facts about this environment, gathered from torch, ``workbench.gpu`` (the only NVML user),
+``os``, ``/proc``, huggingface_hub and jupyter_server.
+
+Every ``gather_*()`` returns a plain dataclass and never raises for a missing GPU, driver or
+package: the absence is a fact, and the checks turn it into advice. torch, huggingface_hub and
+jupyter_server are imported inside the functions so ``workbench doctor`` starts fast and still
+reports when one of them is broken.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from workbench.doctor.mounts import MountEntry, find_mount
+
+# package -> lowest version workbench works with (mirrors pyproject.toml)
+REQUIRED_PACKAGES = {
+    "torch": "2.4",
+    "transformers": "5.0",
+    "datasets": "3.0",
+    "accelerate": "1.0",
+}
+
+
+@dataclass
+class PythonFacts:
+    version: str
+    executable: str
+    packages: dict[str, str | None]  # distribution -> installed version, None when missing
+
+
+def gather_python(packages: Iterable[str] = tuple(REQUIRED_PACKAGES)) -> PythonFacts:
+    installed: dict[str, str | None] = {}
+    for name in packages:
+        try:
+            installed[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            installed[name] = None
+    return PythonFacts(platform.python_version(), sys.executable, installed)
+
+
+@dataclass
+class TorchFacts:
+    version: str | None = None
+    import_error: str | None = None
+    cuda_build: str | None = None  # torch.version.cuda, e.g. "12.4"; None for a CPU-only build
+    cudnn: str | None = None
+    nccl: str | None = None
+    cuda_available: bool = False
+    cuda_error: str | None = None  # why torch.cuda.is_available() is False, when torch says
+    cuda_visible_devices: str | None = None  # the CUDA_VISIBLE_DEVICES torch ran with
+    device_count: int = 0
+    arch_list: list[str] = field(default_factory=list)  # torch.cuda.get_arch_list()
+    # CUDA version -> compute capabilities that torch's published wheels of that CUDA ship
+    release_archs: dict[str, list[int]] = field(default_factory=dict)
+
+
+def _format_cudnn(v: int | None) -> str | None:
+    if not v:
+        return None
+    if v >= 90000:  # cuDNN 9 encodes major*10000 + minor*100 + patch
+        return f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
+    return f"{v // 1000}.{v % 1000 // 100}.{v % 100}"  # cuDNN 8: major*1000 + minor*100 + patch
+
+
+def gather_torch() -> TorchFacts:
+    try:
+        import torch
+    except Exception as exc:  # not installed, or a broken build (missing .so)
+        return TorchFacts(import_error=f"{type(exc).__name__}: {exc}")
+    facts = TorchFacts(
+        version=torch.__version__,
+        cuda_build=torch.version.cuda,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    # torch explains a failed CUDA start (driver too old, ...) only as a warning.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            facts.cuda_available = bool(torch.cuda.is_available())
+            facts.device_count = torch.cuda.device_count() if facts.cuda_available else 0
+        except Exception as exc:
+            facts.cuda_error = f"{type(exc).__name__}: {exc}"
+    if not facts.cuda_available and not facts.cuda_error and caught:
+        facts.cuda_error = " ".join(str(caught[-1].message).split())
+    try:
+        facts.arch_list = list(torch.cuda.get_arch_list())
+    except Exception:
+        facts.arch_list = []
+    try:
+        facts.cudnn = _format_cudnn(torch.backends.cudnn.version())
+    except Exception:
+        facts.cudnn = None
+    if facts.cuda_build:
+        try:
+            facts.nccl = ".".join(str(p) for p in torch.cuda.nccl.version())
+        except Exception:  # built without NCCL
+            facts.nccl = None
+    host = "aarch64" if platform.machine().lower() == "aarch64" else "x86_64"
+    releases = getattr(torch.cuda, "PYTORCH_RELEASES_CODE_CC", {}) or {}
+    facts.release_archs = {
+        cuda: sorted(by_arch.get(host, ())) for cuda, by_arch in releases.items()
+    }
+    return facts
+
+
+def gather_gpus(nvml: Any = None) -> tuple[Any, list[Any]]:
+    """(NvmlStatus, [DeviceInfo]) from workbench.gpu; never raises."""
+    try:
+        from workbench import gpu
+    except Exception as exc:  # the module itself missing or broken
+        from types import SimpleNamespace
+
+        status = SimpleNamespace(
+            available=False, reason=f"workbench.gpu cannot be imported ({exc})",
+            driver_version=None, cuda_driver_version=None, device_count=0,
+        )
+        return status, []
+    status = gpu.nvml_status(nvml)
+    devices = gpu.list_devices(nvml) if status.available else []
+    return status, devices
+
+
+@dataclass
+class ShmFacts:
+    path: str
+    exists: bool
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+
+
+def gather_shm(path: str = "/dev/shm") -> ShmFacts:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return ShmFacts(path, exists=False)
+    return ShmFacts(path, True, st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)
+
+
+@dataclass
+class DirFacts:
+    path: str  # absolute, symlinks resolved
+    exists: bool
+    probe_dir: str | None  # the directory a test file was written in: path, or its nearest existing parent
+    writable: bool
+    write_error: str | None
+    free_bytes: int | None
+    mount: MountEntry | None
+    container: str | None  # why we think we are in a container; None outside one
+
+
+def probe_writable(directory: str) -> str | None:
+    """Try to create and delete a file in ``directory``; the error text, or None when it worked."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".workbench-doctor-", dir=directory)
+        os.close(fd)
+        os.unlink(name)
+        return None
+    except OSError as exc:
+        return f"{exc.strerror or exc} ({type(exc).__name__})"
+
+
+def gather_dir(path: str | os.PathLike, mounts: Sequence[MountEntry], container: str | None) -> DirFacts:
+    resolved = os.path.realpath(os.path.abspath(os.path.expanduser(str(path))))
+    probe = resolved
+    while not os.path.exists(probe) and probe != os.path.dirname(probe):
+        probe = os.path.dirname(probe)
+    exists = os.path.exists(resolved)
+    if not os.path.isdir(probe):
+        error = f"{probe} is not a directory"
+        writable = False
+    else:
+        error = probe_writable(probe)
+        writable = error is None
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        free = None
+    return DirFacts(resolved, exists, probe, writable, error, free, find_mount(resolved, mounts), container)
+
+
+@dataclass
+class HubFacts:
+    installed: bool
+    home: str | None = None
+    hub_cache: str | None = None
+    offline: bool = False
+    endpoint: str | None = None
+    cache: DirFacts | None = None
+
+
+def gather_hub(mounts: Sequence[MountEntry], container: str | None) -> HubFacts:
+    try:
+        from huggingface_hub import constants
+    except Exception:
+        return HubFacts(installed=False)
+    return HubFacts(
+        installed=True,
+        home=constants.HF_HOME,
+        hub_cache=constants.HF_HUB_CACHE,
+        offline=bool(constants.HF_HUB_OFFLINE),
+        endpoint=constants.ENDPOINT,
+        cache=gather_dir(constants.HF_HUB_CACHE, mounts, container),
+    )
+
+
+@dataclass
+class ServerFacts:
+    url: str
+    pid: int | None
+    has_token: bool
+    has_password: bool
+
+
+@dataclass
+class JupyterFacts:
+    token_env: bool  # JUPYTER_TOKEN is set and not empty
+    token_file: str | None  # JUPYTER_TOKEN_FILE
+    token_file_ok: bool | None  # the file exists and is not empty
+    servers: list[ServerFacts] = field(default_factory=list)
+    error: str | None = None  # why the running servers could not be listed
+
+
+def gather_jupyter(env: Mapping[str, str] | None = None, runtime_dir: str | None = None) -> JupyterFacts:
+    env = os.environ if env is None else env
+    token_file = env.get("JUPYTER_TOKEN_FILE") or None
+    token_file_ok = None
+    if token_file:
+        try:
+            token_file_ok = bool(Path(token_file).read_text().strip())
+        except OSError:
+            token_file_ok = False
+    facts = JupyterFacts(bool(env.get("JUPYTER_TOKEN")), token_file, token_file_ok)
+    try:
+        from jupyter_server.serverapp import list_running_servers
+
+        for info in list_running_servers(runtime_dir):
+            facts.servers.append(
+                ServerFacts(
+                    url=str(info.get("url", "?")).split("?")[0],  # never a token in a query
+                    pid=info.get("pid"),
+                    has_token=bool(info.get("token")),
+                    has_password=bool(info.get("password")),
+                )
+            )
+    except Exception as exc:
+        facts.error = f"{type(exc).__name__}: {exc}"
+    return facts
