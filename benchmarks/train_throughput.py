@@ -18,11 +18,15 @@ just before the loop, to the last "train" event, written after the last step), f
 (b) and (c) from a clock around the loop / ``trainer.train()``. Accuracy is
 measured on the same validation rows by the same function for all three.
 
-Timings on a shared machine are noisy: the runs are interleaved b, a, c, a, b
-(``--repeats 2``, the default), so a slow spell hits both sides of the a/b ratio,
-and the load average is recorded with each run.
+Timings on a shared machine are noisy (the same run can take 3x longer when other
+work starts), so by default the variants run in step-by-step pairs: (a) with a (b)
+that takes one step after each of (a)'s steps, then (c) with a (b) stepping after
+each Trainer step; each side's clock excludes the other's, so a burst of load hits
+both sides of a ratio. ``--sequential`` runs whole variants one after another
+(b, a, c, a, b) instead. The loop overhead (time in the training window outside
+forward/backward/optimizer) is reported for (a) and (b): the framework cost itself.
 
-    .venv/bin/python benchmarks/train_throughput.py            # ~10 min on 2 cores
+    .venv/bin/python benchmarks/train_throughput.py            # ~10 min on 2 idle cores
     .venv/bin/python benchmarks/train_throughput.py --quick    # ~2 min, a smoke run
 """
 
@@ -103,7 +107,9 @@ def padding_share(lengths, batches) -> float:
 
 
 def length_grouped_batches(lengths, batch_size: int, seed: int) -> list[list[int]]:
-    """Shuffle, sort by length inside windows of 50 batches, cut, shuffle the batches."""
+    """Shuffle, sort by length inside windows of 50 batches, cut, shuffle the batches, and
+    put the batch with the longest row first (an out-of-memory shows at step 1). The same
+    batches in the same order as workbench's sampler, so paired steps do the same work."""
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(lengths), generator=generator).tolist()
     window = batch_size * MEGABATCH_FACTOR
@@ -111,7 +117,10 @@ def length_grouped_batches(lengths, batch_size: int, seed: int) -> list[list[int
     for start in range(0, len(order), window):
         chunk = sorted(order[start:start + window], key=lambda i: -lengths[i])
         batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
-    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+    batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+    longest = max(range(len(batches)), key=lambda b: lengths[batches[b][0]])
+    batches[0], batches[longest] = batches[longest], batches[0]
+    return batches
 
 
 def pad_batch(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,6 +198,7 @@ class PlainLoop:
         self.model_s = 0.0  # inside forward, backward, clipping and the optimizer: the same work as (a)
         self.cpu_s = 0.0
         self.last_loss = None
+        self.step_times: list[float] = []  # model work of each step
 
     @property
     def done(self) -> bool:
@@ -208,7 +218,8 @@ class PlainLoop:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.model_s += time.perf_counter() - model_started
+        self.step_times.append(time.perf_counter() - model_started)
+        self.model_s += self.step_times[-1]
         if self.step_count % 10 == 0 or self.done:
             self.last_loss = loss.item()  # what a logging loop does every few steps
         took = time.perf_counter() - started
@@ -323,13 +334,15 @@ def run_workbench(args, train_rows, eval_rows, workdir: Path, partner: PlainLoop
     if step_fn is None and partner is not None:
         raise RuntimeError("workbench.train has no _step_with_oom_retry to pair with; use --sequential")
     step_s, partner_s, partner_cpu = [0.0], [0.0], partner.cpu_s if partner else 0.0
+    step_times = []
 
     def timed_step(*a, **k):
         started = time.perf_counter()
         try:
             return step_fn(*a, **k)
         finally:
-            step_s[0] += time.perf_counter() - started
+            step_times.append(time.perf_counter() - started)
+            step_s[0] += step_times[-1]
             if partner is not None and not partner.done:
                 partner_s[0] += partner.step()
 
@@ -375,6 +388,7 @@ def run_workbench(args, train_rows, eval_rows, workdir: Path, partner: PlainLoop
             "padding_share": padding_share(lengths, list(sampler)), "accuracy": acc,
             "fit_eval_accuracy": result.metrics.get("eval_accuracy"), "final_loss": last["loss"],
             "engine_samples_per_s": statistics.mean(e["samples_per_s"] for e in trains),
+            "step_times": step_times,
             "total_s": total_s}
 
 
@@ -521,7 +535,7 @@ def main(argv=None) -> int:
           f"lr {args.lr}, max_length {args.max_length}, fp32, {torch.get_num_threads()} torch threads, "
           f"{os.cpu_count()} CPUs; {'order' if args.sequential else 'pairs'} {' '.join(plan)}", flush=True)
 
-    runs, pair_ratios = [], {"a/b": [], "c/b": []}
+    runs, pair_ratios = [], {"a/b": [], "c/b": [], "a/b model work, median step": []}
     with tempfile.TemporaryDirectory(prefix="wb-bench-") as tmp:
         for item in plan:
             key = item[0]
@@ -537,6 +551,12 @@ def main(argv=None) -> int:
                 partner_result = partner.result(eval_rows)
                 main_result["paired_with"], partner_result["paired_with"] = "b", key
                 pair_ratios[f"{key}/b"].append(main_result["samples_per_s"] / partner_result["samples_per_s"])
+                if key == "a" and len(main_result["step_times"]) == len(partner.step_times):
+                    # Same batch at each step on both sides: the median of the step-by-step
+                    # ratios ignores the bursts of other load that hit one side only.
+                    pair_ratios["a/b model work, median step"].append(statistics.median(
+                        b / a for a, b in zip(main_result["step_times"], partner.step_times, strict=True)))
+                partner_result["step_times"] = partner.step_times
                 results = [(key, main_result), ("b", partner_result)]
             for k, result in results:
                 result.update(variant=k, name=VARIANTS[k][0], load_before=load_before,
@@ -555,6 +575,8 @@ def main(argv=None) -> int:
         paired["b/c"] = 1 / statistics.mean(pair_ratios["c/b"])
     if "a/b" in paired and "b/c" in paired:
         paired["a/c"] = paired["a/b"] * paired["b/c"]
+    if pair_ratios["a/b model work, median step"]:
+        paired["a/b model work, median step"] = statistics.mean(pair_ratios["a/b model work, median step"])
     summary["paired_ratios"] = paired
     print_table(summary)
     import transformers

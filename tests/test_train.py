@@ -75,6 +75,9 @@ def test_rerunning_a_finished_run_resumes_and_does_nothing_more(tiny_bert, small
     assert _events(again, "train") == []  # nothing left to do
     assert any("Resumed from" in e["text"] for e in _events(again, "message"))
     assert again.metrics == first.metrics
+    changed = _quick(tiny_bert, small_data, tmp_path / "run", seed=1)
+    warnings = [e["text"] for e in _events(changed, "message") if e["level"] == "warn"]
+    assert any("seed 42 -> 1" in text for text in warnings)
 
 
 # ------------------------------------------------------------- bad input, up front
@@ -233,3 +236,14 @@ def test_oom_at_micro_batch_one_gives_up(tiny_bert, small_data, tmp_path):
     with simulate_oom(lambda step, size: step == 2), pytest.raises(TrainingError, match="micro-batch of 1") as info:
         _quick(tiny_bert, small_data, tmp_path / "run")
     assert info.value.step == 2
+
+
+def test_sentence_pairs_int_labels_and_gradient_checkpointing(tiny_bert, tmp_path):
+    rows = [{"a": "the film is great", "b": "the plot is dull", "label": i % 3} for i in range(48)]
+    data = DatasetDict(train=Dataset.from_list(rows), validation=Dataset.from_list(rows[:12]))
+    result = _quick(tiny_bert, data, tmp_path / "run", text_columns=["a", "b"], gradient_checkpointing=True,
+                    max_steps=3)
+    assert result.status == "completed"
+    assert result.label_names == ["0", "1", "2"]
+    config = json.loads((result.model_dir / "config.json").read_text())
+    assert config["id2label"] == {"0": "0", "1": "1", "2": "2"}

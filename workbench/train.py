@@ -41,6 +41,7 @@ from workbench.precision import accelerate_mixed_precision, device_facts, resolv
 MODEL_DIR = "model"  # final model: save_pretrained + tokenizer + label mapping
 BEST_DIR = "best"  # the best model by config.best_metric, same layout
 LABELS_FILE = "labels.json"
+_ORDER_SETTINGS = ("batch_size", "gradient_accumulation_steps", "seed", "max_length", "group_by_length")
 _PARAM_HASH_ENV = "WORKBENCH_TEST_PARAM_HASH_DIR"  # test-only: each rank writes a hash of its weights
 
 
@@ -343,17 +344,20 @@ def _train(run: _Run) -> str:
                 _save_checkpoint(run)
             if epoch_done:
                 free_memory()
-            if _stop_requested(run):
+            if _stop_requested(run, step):
                 return "interrupted"
     finally:
         windows.close()  # ends the loader iterator: DataLoader workers exit
     return "completed"
 
 
-def _stop_requested(run: _Run) -> bool:
+def _stop_requested(run: _Run, step: int) -> bool:
     stop = run.stop.reason is not None
     if run.accelerator.num_processes > 1:
         # Every rank must stop at the same step, or DDP waits forever for the others.
+        # Agreeing costs a collective and a host sync, so ranks ask only every log_every steps.
+        if step % run.config.log_every:
+            return False
         flag = torch.tensor(float(stop), device=run.accelerator.device)
         stop = bool(run.accelerator.reduce(flag, "max").item())
     return stop
@@ -480,6 +484,13 @@ def _resume(run: _Run, path: Path) -> list[tuple[str, str]]:
     checkpoint.set_rng_state(objects["rng"])
     changes = checkpoint.compare_records(record, run.record)
     messages = [(f"Resumed from {path} (step {run.state.step}).", "info")]
+    # Settings that decide which rows form each batch: changing them mid-run means the
+    # rest of the epoch is not the batches the first part of the run was planned with.
+    before, now = record.get("config", {}), run.record["config"]
+    changed = [f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in _ORDER_SETTINGS if before.get(k) != now.get(k)]
+    if changed:
+        messages.append(("The run's settings changed since the checkpoint: " + "; ".join(changed)
+                         + ". Use a new output_dir (or resume=None) to start over with them.", "warn"))
     if changes:
         messages.append(("Resuming on different hardware or software, results may differ slightly: "
                          + "; ".join(changes) + ".", "warn"))
@@ -592,7 +603,13 @@ def _prepare(model_choice, splits, task: ClassificationTask, config: TrainConfig
     tokenizer = task.load_tokenizer(model_choice)
     model = task.build_model(model_choice, tokenizer)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # Non-reentrant checkpointing works with DDP and with frozen inputs. transformers 5
+        # renamed the method (the old name warns); keep both for older versions.
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     with accelerator.main_process_first():  # datasets' cache is written once
         train_ds, eval_ds = task.datasets(splits, tokenizer, config.max_length, model)
     collate = task.collator(tokenizer)
@@ -711,7 +728,8 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
         checkpoint.remove_stale_temporaries(checkpoint.checkpoints_dir(run.output_dir))
         checkpoint.remove_stale_temporaries(run.output_dir)
     messages = _resume(run, resume_from) if resume_from is not None else []
-    run.log.write("start", total_steps=run.total_steps, num_epochs=config.num_epochs,
+    steps_per_epoch = math.ceil(run.batches_per_epoch / config.gradient_accumulation_steps)
+    run.log.write("start", total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
                   config=_config_dict(config), world_size=acc.num_processes, precision=run.precision,
                   device=str(acc.device), resumed_from_step=run.state.step,
                   label_names=run.task.labels.names)

@@ -227,7 +227,15 @@ class DatasetPicker(widgets.VBox):
         self.check_button = widgets.Button(description="Check labels")
         self.distribution = widgets.HTML()
         self.chart = widgets.Image(format="png", layout=widgets.Layout(max_width="480px"))
+        # An Image with no bytes renders as a broken-image icon: show it only with a chart.
+        self.chart.layout.display = "none"
+        self.chart.observe(
+            lambda change: setattr(self.chart.layout, "display", None if change["new"] else "none"),
+            "value")
         self.message = widgets.HTML()
+        for box in (self.path_box, self.config_box, self.train_box, self.eval_box, self.text_box,
+                    self.label_box, self.fraction_box, self.seed_box):
+            box.style.description_width = "110px"  # the default 90px cuts "Text column(s)"
         super().__init__([
             widgets.HTML("<b>Dataset</b>"), self.source_box, self.path_box, self.config_box,
             self.load_button, self.splits_info, self.preview,
@@ -421,6 +429,7 @@ class Pickers(widgets.VBox):
         self.export_path = widgets.Text(value="run.yaml", description="Parameter file",
                                         layout=widgets.Layout(width="60%"))
         self.output_dir = widgets.Text(value=self.train.output_dir, description="Output dir")
+        self.export_path.style.description_width = "110px"
         self.export_button = widgets.Button(description="Export", button_style="success")
         self.commands = widgets.HTML()
         self.message = widgets.HTML()
