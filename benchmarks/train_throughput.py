@@ -571,6 +571,11 @@ def main(argv=None) -> int:
                     # ratios ignores the bursts of other load that hit one side only.
                     pair_ratios["a/b model work, median step"].append(statistics.median(
                         b / a for a, b in zip(main_result["step_times"], partner.step_times, strict=True)))
+                    # The first step shows one-time costs of the loop (e.g. DataLoader workers
+                    # forked from a large process); the median hides them, the total shows them.
+                    print(f"    first step: ({key}) {main_result['step_times'][0]:.2f} s, "
+                          f"(b) {partner.step_times[0]:.2f} s; median step ratio b/a "
+                          f"{pair_ratios['a/b model work, median step'][-1]:.2f}", flush=True)
                 partner_result["step_times"] = partner.step_times
                 results = [(key, main_result), ("b", partner_result)]
             for k, result in results:

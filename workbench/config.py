@@ -108,7 +108,7 @@ class TrainConfig:
     best_metric: str = "accuracy"  # accuracy | f1 | loss
     seed: int = 42
     resume: str | None = "auto"  # "auto": newest valid checkpoint in output_dir; a path; None
-    num_workers: int = 2  # DataLoader worker processes; 0 loads in the main process
+    num_workers: int | None = None  # DataLoader workers; None: 2 on CUDA, 0 (main process) on CPU
     gradient_checkpointing: bool = False  # trade compute for activation memory
     distributed: str = "ddp"  # ddp | fsdp (sharded, for models that do not fit one GPU)
     max_skipped_steps: int = 20  # consecutive fp16 overflow skips before giving up
@@ -141,7 +141,8 @@ class TrainConfig:
             raise ConfigError("seed", self.seed, "an integer")
         if self.resume is not None and not isinstance(self.resume, str):
             raise ConfigError("resume", self.resume, "'auto', a checkpoint path, or None")
-        _check_positive("num_workers", self.num_workers, allow_zero=True)
+        if self.num_workers is not None:
+            _check_positive("num_workers", self.num_workers, allow_zero=True)
         if self.distributed not in DISTRIBUTED:
             raise ConfigError("distributed", self.distributed, " | ".join(DISTRIBUTED))
         _check_positive("max_skipped_steps", self.max_skipped_steps)
