@@ -34,6 +34,9 @@ DEFAULT_OUTPUT_DIR = Path("regress-out")
 KERNEL_ENV = {
     "WORKBENCH_HEADLESS": "1",  # workbench progress: log lines instead of bars/charts
     "MPLBACKEND": "Agg",  # no display in CI
+    # tqdm bars of datasets/transformers print one line per update in a headless log.
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",  # silences a debugger warning in every log
 }
 
