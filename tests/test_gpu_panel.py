@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import re
 import time
 from pathlib import Path
 
@@ -54,6 +55,21 @@ def test_no_gpu_fallback_shows_reason_and_cpu_ram(make_panel):
     assert "CPU" in panel.host_text.value and "RAM" in panel.host_text.value
     assert panel.ram.layout.visibility == "visible" and 0 < panel.ram.value < 100
     assert "<svg" in panel.chart.value and "CPU %" in panel.chart.value
+
+
+def test_stopped_no_gpu_panel_shows_its_samples_and_no_retry(make_panel):
+    # What notebooks/00 does: display, sample a few seconds, stop. The chart was throttled
+    # to its first point; stopping draws all of them, and nothing is "retrying" any more.
+    panel = make_panel(FakeNVML(fail_init=NVML_ERROR_LIBRARY_NOT_FOUND), interval=0.01,
+                       chart_interval=60.0)
+    panel.start()
+    _wait(lambda: panel.sampler.samples_taken >= 5)
+    assert "retrying" in panel.header.value  # while sampling, the reader does retry
+    panel.stop()
+    assert "stopped" in panel.header.value and "libnvidia-ml.so.1" in panel.header.value
+    assert "retrying" not in panel.header.value
+    points = re.search(r'points="([^"]*)"', panel.chart.value)
+    assert points and len(points.group(1).split()) >= 5, panel.chart.value
 
 
 def test_real_no_gpu_path_renders_fallback(make_panel):

@@ -58,6 +58,16 @@ def test_model_picker_estimate_follows_settings(models_dir):
     assert picker.fit.fits is False and "Will not fit" in picker.estimate.value
 
 
+def test_model_selected_from_code_shows_in_the_widgets(models_dir, tmp_path):
+    picker = ModelPicker()
+    picker.typed.value = "some/typed-id"
+    picker.select(str(models_dir / "tiny-bert"))  # listed: the dropdown shows it
+    assert picker.found.value == str(models_dir / "tiny-bert") and picker.typed.value == ""
+    picker.select(str(tmp_path))  # not listed: the text box shows it
+    assert picker.found.value == "" and picker.typed.value == str(tmp_path)
+    assert picker.name_or_path == str(tmp_path)
+
+
 def test_offline_hub_id_lands_in_message(models_dir, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     picker = ModelPicker()

@@ -25,6 +25,7 @@ import collections
 import contextlib
 import html
 import logging
+import re
 import threading
 import time
 import weakref
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 NA = "n/a"
 _CHART_W, _CHART_H = 320, 60
 _CHART_POINTS = 160
+# The suffix workbench.gpu.reader puts on a failing read ("... (retrying in 2 s)").
+_RETRYING = re.compile(r" \(retrying in [0-9.e+]+ s\)")
 
 
 # ---------------------------------------------------------------- formatting
@@ -288,7 +291,12 @@ class GPUPanel:
         self.sampler.stop(timeout=2.0)  # a hung NVML call must not hold the notebook long
         self.toggle.description, self.toggle.icon = "Start", "play"
         if not self._closed:
-            self._draw_header(self.sampler.latest)
+            with self._draw_lock:
+                try:
+                    self._draw_header(self.sampler.latest)
+                    self._draw_chart(force=True)  # the samples since the last throttled draw
+                except Exception as exc:  # never raised into the notebook
+                    self._record(f"drawing failed: {gpu.describe_error(exc)}")
 
     def close(self) -> None:
         """Stop sampling and remove the panel's widgets from the notebook."""
@@ -373,10 +381,15 @@ class GPUPanel:
                     f"{st.device_count} GPU(s) · driver {st.driver_version or NA} · "
                     f"CUDA {st.cuda_driver_version or NA}")
         else:
-            text = (f"<b>No GPU monitoring</b> ({state}): {html.escape(snapshot.status.reason or '')}"
+            reason = snapshot.status.reason or ""
+            if not self.running:  # a stopped panel retries nothing: drop the reader's promise
+                reason = _RETRYING.sub("", reason)
+            text = (f"<b>No GPU monitoring</b> ({state}): {html.escape(reason)}"
                     "<br>Showing CPU and RAM instead.")
         problems = [e for e in (snapshot.error if snapshot else None,
                                 self.sampler.last_error) if e]
+        if not self.running:
+            problems = [_RETRYING.sub("", e) for e in problems]
         if snapshot is not None and snapshot.stale:
             problems.insert(0, "values are stale")
         if problems:
@@ -413,10 +426,11 @@ class GPUPanel:
         # The chart spans minutes: redrawing it every few seconds is enough, and keeps
         # both the CPU cost and the size of the comm messages down.
         now = time.monotonic()
-        if not force and now - self._chart_drawn_at < self.chart_interval:
+        history = list(self.sampler.history)
+        # Unthrottled until there are two points: one point draws no line, an empty chart.
+        if not force and len(history) > 2 and now - self._chart_drawn_at < self.chart_interval:
             return
         self._chart_drawn_at = now
-        history = list(self.sampler.history)
         if not history:
             return
         step = max(1, len(history) // _CHART_POINTS)  # at most ~_CHART_POINTS per line

@@ -141,6 +141,7 @@ class ModelPicker(widgets.VBox):
     def _on_name(self, change) -> None:
         self.info, self.fit = None, None
         self.details.value = self.estimate.value = self.message.value = ""
+        self._show_name(change["new"])
         if not change["new"]:
             return
         try:
@@ -158,6 +159,14 @@ class ModelPicker(widgets.VBox):
             self.seq_len = info.max_position_embeddings  # triggers the estimate
         else:
             self._update_estimate()
+
+    def _show_name(self, name: str) -> None:
+        """Show the selection in the list or the text box, whichever holds it, so a model
+        chosen from code (``select``) is visible too; the other one is cleared."""
+        listed = name in [value for _, value in self.found.options]
+        # Same value as the trait: the observers above set nothing new, so no loop.
+        self.found.value = name if listed else ""
+        self.typed.value = "" if listed or not name else name
 
     def _on_settings(self, change) -> None:
         if self.info is not None:
