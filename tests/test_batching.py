@@ -6,7 +6,6 @@ import pytest
 from datasets import ClassLabel, Dataset, Features, Value
 
 from workbench.batching import (
-    DynamicPaddingCollator,
     LengthGroupedBatchSampler,
     build_label_mapping,
     check_split,
@@ -73,12 +72,20 @@ def test_sentence_pairs_keep_token_types(tiny_bert):
     assert "token_type_ids" in row and 1 in row["token_type_ids"]
 
 
-def test_collator_pads_to_the_longest_row_of_the_batch():
-    collate = DynamicPaddingCollator(pad_token_id=0)
-    batch = collate([{"input_ids": [5, 6, 7], "labels": 1}, {"input_ids": [8], "labels": 0}])
-    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
-    assert batch["labels"].tolist() == [1, 0]
+def test_task_collator_pads_each_batch_to_its_own_longest_row():
+    from workbench.synthetic import train_tokenizer
+    from workbench.train import ClassificationTask
+
+    tokenizer = train_tokenizer()
+    ds = Dataset.from_dict({"text": ["the film is great", "dull"], "label": ["positive", "negative"]})
+    mapping = build_label_mapping(ds, ds, "label")
+    rows = tokenize(ds, tokenizer, ("text",), "label", mapping, max_length=64)
+    batch = ClassificationTask(("text",), "label").collator(tokenizer)([rows[0], rows[1]])
+    long, short = len(rows[0]["input_ids"]), len(rows[1]["input_ids"])
+    assert batch["input_ids"].shape == (2, long)  # the batch's longest row, not max_length
+    assert batch["input_ids"][1, short:].tolist() == [tokenizer.pad_token_id] * (long - short)
+    assert batch["attention_mask"].tolist() == [[1] * long, [1] * short + [0] * (long - short)]
+    assert batch["labels"].tolist() == [mapping.value_to_id()["positive"], mapping.value_to_id()["negative"]]
 
 
 def _padding(lengths, batches):

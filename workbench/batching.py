@@ -1,7 +1,8 @@
 """From a text dataset to batches: label mapping, tokenization, sampling, padding.
 
 Tokenization runs once, up front, without padding (``datasets.map``, batched).
-Each batch is padded only to its own longest row (dynamic padding), and with
+Each batch is padded only to its own longest row (dynamic padding, by
+transformers' ``DataCollatorWithPadding``), and with
 ``group_by_length`` rows of similar length are batched together, so little
 compute is spent on pad tokens. The sampler's order depends only on (seed, epoch),
 so a resumed run sees exactly the batches the interrupted one would have.
@@ -144,32 +145,6 @@ def tokenize(ds, tokenizer, text_columns: Sequence[str], label_column: str,
     mapped = ds.map(encode, batched=True, remove_columns=ds.column_names, desc="Tokenizing")
     columns = mapped.with_format(None)[:]
     return TokenizedDataset(columns["input_ids"], columns["labels"], columns.get("token_type_ids"))
-
-
-# --------------------------------------------------------------------------- padding
-class DynamicPaddingCollator:
-    """Pads a batch to its own longest row; builds the attention mask from the lengths."""
-
-    def __init__(self, pad_token_id: int):
-        self.pad_token_id = pad_token_id
-
-    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        width = max(len(r["input_ids"]) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        has_types = "token_type_ids" in rows[0]
-        token_type_ids = torch.zeros((len(rows), width), dtype=torch.long) if has_types else None
-        for i, row in enumerate(rows):
-            n = len(row["input_ids"])
-            input_ids[i, :n] = torch.tensor(row["input_ids"], dtype=torch.long)
-            attention_mask[i, :n] = 1
-            if has_types:
-                token_type_ids[i, :n] = torch.tensor(row["token_type_ids"], dtype=torch.long)
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask,
-                 "labels": torch.tensor([r["labels"] for r in rows], dtype=torch.long)}
-        if has_types:
-            batch["token_type_ids"] = token_type_ids
-        return batch
 
 
 # -------------------------------------------------------------------------- sampling

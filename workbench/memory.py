@@ -13,7 +13,6 @@ every activation of the failed forward pass alive, must be gone before retrying:
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import Callable, Iterator
 
 import torch
@@ -23,17 +22,17 @@ _oom_trigger: Callable[[int, int], bool] | None = None
 
 
 def is_oom(exc: BaseException) -> bool:
-    """A CUDA out-of-memory error, including the older RuntimeError spelling."""
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc)
+    """An out-of-memory error worth retrying smaller: Accelerate's test (CUDA, CPU, cuDNN, ...)."""
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or should_reduce_batch_size(exc)
 
 
 def free_memory() -> None:
-    """Return cached blocks to the driver; cheap enough at epoch ends and after an OOM."""
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+    """Collect garbage and return cached blocks to the driver (at epoch ends and after an OOM)."""
+    from accelerate.utils.memory import clear_device_cache
+
+    clear_device_cache(garbage_collection=True)
 
 
 def halve(micro_batch_size: int) -> int:

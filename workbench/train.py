@@ -127,7 +127,10 @@ class ClassificationTask:
         )
 
     def collator(self, tokenizer):
-        return batching.DynamicPaddingCollator(tokenizer.pad_token_id)
+        from transformers import DataCollatorWithPadding
+
+        # Pads each batch to its own longest row (never to max_length) with the mask to match.
+        return DataCollatorWithPadding(tokenizer, return_tensors="pt")
 
     def loss(self, model, batch) -> torch.Tensor:
         return model(**batch).loss
