@@ -14,6 +14,7 @@ if [ ! -f "$stamp" ]; then
     echo "[setup] installing the pinned CPU environment (environment/constraints-cpu.txt)"
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -c environment/constraints-cpu.txt -r environment/requirements-cpu.txt
+    .venv/bin/python -m pip install -q --no-deps -r environment/requirements-nodeps.txt
     .venv/bin/python -m pip install -q --no-deps -e .
     rm -f .venv/.env-*
     touch "$stamp"
