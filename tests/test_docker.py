@@ -108,7 +108,7 @@ def test_runs_as_non_root_with_tini_and_healthcheck():
     assert "workbench-healthcheck" in healthcheck and "curl" not in healthcheck
     assert "COPY docker/healthcheck.py /usr/local/bin/workbench-healthcheck" in DOCKERFILE
     assert "COPY docker/entrypoint.sh /usr/local/bin/workbench-entrypoint" in DOCKERFILE
-    assert "COPY environment/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py" in DOCKERFILE
+    assert "COPY workbench/lab_config/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py" in DOCKERFILE
 
 
 def test_oci_labels():

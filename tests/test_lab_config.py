@@ -205,7 +205,7 @@ def test_pinned_environment_and_pyproject_meet_the_floors():
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         pytest.skip("tomllib needs Python 3.11")
-    repo = SERVER_CONFIG.parents[1]
+    repo = SERVER_CONFIG.parents[2]
     deps = {Requirement(d).name.replace("-", "_").lower(): Requirement(d)
             for d in tomllib.loads((repo / "pyproject.toml").read_text())["project"]["dependencies"]}
     for constraints in ("constraints-cpu.txt", "constraints-gpu.txt"):

@@ -1,7 +1,7 @@
 """`workbench lab`: start JupyterLab with the workbench's one secure server configuration.
 
-The configuration lives in ``environment/jupyter_server_config.py`` (the image installs
-the same file as /etc/jupyter/jupyter_server_config.py); this module only finds it,
+The configuration ships inside the package, ``workbench/lab_config/jupyter_server_config.py``
+(the image installs the same file as /etc/jupyter/jupyter_server_config.py); this module only finds it,
 builds the command line and replaces itself with the server, so Ctrl-C and signals
 go straight to Jupyter. The token is printed by the server once it is running.
 
@@ -18,6 +18,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from workbench.errors import LabConfigError
@@ -25,7 +26,6 @@ from workbench.errors import LabConfigError
 DEFAULT_PORT = 8888
 DEFAULT_IP = "127.0.0.1"  # loopback: reach it from elsewhere through an SSH tunnel
 CONFIG_ENV = "WORKBENCH_SERVER_CONFIG"
-_REPO_CONFIG = Path(__file__).resolve().parents[1] / "environment" / "jupyter_server_config.py"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -42,21 +42,23 @@ class LabCommand:
 
 
 def find_server_config(environ: Mapping[str, str] | None = None) -> Path:
-    """The server configuration: $WORKBENCH_SERVER_CONFIG, else the repository's environment/ copy."""
+    """The server configuration: $WORKBENCH_SERVER_CONFIG, else the copy shipped in the package."""
     env = os.environ if environ is None else environ
     if env.get(CONFIG_ENV):
         path = Path(env[CONFIG_ENV]).expanduser()
         if not path.is_file():
             raise LabConfigError(
                 f"{CONFIG_ENV}={env[CONFIG_ENV]!r} is not a file.",
-                f"point {CONFIG_ENV} at environment/jupyter_server_config.py, or unset it.",
+                f"point {CONFIG_ENV} at a jupyter_server_config.py, or unset it to use the workbench's own.",
             )
         return path.resolve()
-    if _REPO_CONFIG.is_file():
-        return _REPO_CONFIG
+    bundled = Path(str(resources.files("workbench.lab_config") / "jupyter_server_config.py"))
+    if bundled.is_file():
+        return bundled
     raise LabConfigError(
-        "cannot find the workbench Jupyter server configuration (environment/jupyter_server_config.py).",
-        f"set {CONFIG_ENV}=/path/to/environment/jupyter_server_config.py (the image sets it already).",
+        f"cannot find the workbench Jupyter server configuration ({bundled}): the package is incomplete.",
+        "reinstall the workbench (pip install --force-reinstall workbench), or set "
+        f"{CONFIG_ENV}=/path/to/jupyter_server_config.py.",
     )
 
 

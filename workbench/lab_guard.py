@@ -2,7 +2,7 @@
 
 Two layers use this module:
 
-* ``environment/jupyter_server_config.py`` (the one server configuration, used by
+* ``workbench/lab_config/jupyter_server_config.py`` (the one server configuration, used by
   ``workbench lab`` and by the image) calls :func:`resolve_token` and sets secure values.
 * A tiny server extension (this module, enabled by that configuration) runs when
   jupyter_server loads its extensions, *after* every config file and the command
@@ -292,7 +292,7 @@ def refuse_to_start_on_error() -> Iterator[None]:
     except Exception as exc:  # a bug in the config must not leave the server half-secured
         raise SystemExit(
             f"{_REFUSAL}the workbench server configuration failed: {exc!r}. Fix: check "
-            "environment/jupyter_server_config.py and the WORKBENCH_* / JUPYTER_* variables."
+            "workbench/lab_config/jupyter_server_config.py and the WORKBENCH_* / JUPYTER_* variables."
         ) from exc
 
 
