@@ -46,6 +46,20 @@ class CheckpointError(WorkbenchError):
     """A checkpoint cannot be written or read."""
 
 
+class NoEventLogError(WorkbenchError):
+    """A run folder holds no ``events.jsonl`` (yet). ``waited_s``: how long a reader waited."""
+
+    def __init__(self, output_dir, waited_s: float | None = None):
+        self.output_dir = output_dir
+        self.waited_s = waited_s
+        waited = f" after waiting {waited_s:.0f} s" if waited_s else ""
+        super().__init__(
+            f"{output_dir} has no event log (events.jsonl){waited}.",
+            "start the run with this output_dir first (fit(...) or `workbench train`), "
+            "or point watch at the run's output folder.",
+        )
+
+
 class LabConfigError(WorkbenchError):
     """The Jupyter server configuration is unsafe; the server refuses to start."""
 
