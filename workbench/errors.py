@@ -52,3 +52,12 @@ class LabConfigError(WorkbenchError):
 
 class RegressionError(WorkbenchError):
     """A notebook failed or a metric regressed in `workbench regress`."""
+
+
+class OutputDirLockedError(WorkbenchError):
+    """Another live run holds ``output_dir``. ``holder``: its pid, host, start time, command."""
+
+    def __init__(self, message: str, fix: str | None = None, *, output_dir=None, holder: dict | None = None):
+        self.output_dir = output_dir
+        self.holder = holder or {}
+        super().__init__(message, fix)
