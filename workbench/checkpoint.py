@@ -65,7 +65,10 @@ def _fsync_path(path: Path) -> None:
 def write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_dir)``, fsync what it wrote, then rename ``tmp_dir`` to ``final``.
 
-    An existing ``final`` is replaced: moved aside first, removed after the swap.
+    An existing ``final`` is replaced in two renames: ``final`` -> ``.old-<name>-<pid>``,
+    then ``tmp`` -> ``final``; the old copy is removed after. Between the two renames
+    ``final`` does not exist; a crash there leaves the complete old copy, which
+    :func:`remove_stale_temporaries` puts back at the next start.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -73,13 +76,13 @@ def write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    old = None
     try:
         write(tmp)
         for path in tmp.rglob("*"):
             if path.is_file():
                 _fsync_path(path)
         _fsync_path(tmp)
-        old = None
         if final.exists():
             old = final.parent / f".old-{final.name}-{os.getpid()}"
             if old.exists():
@@ -87,20 +90,65 @@ def write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
             os.rename(final, old)
         os.rename(tmp, final)
         _fsync_path(final.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
+        if old is not None and old.exists() and not final.exists():
+            # The second rename failed (or was interrupted): put the old copy back rather
+            # than leave no ``final`` at all.
+            os.rename(old, final)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def remove_stale_temporaries(directory: Path) -> None:
-    """Half-written folders from a crashed save (``.tmp-*``, ``.old-*``)."""
-    if directory.is_dir():
-        for path in directory.iterdir():
-            if path.is_dir() and (path.name.startswith(".tmp-") or path.name.startswith(".old-")):
-                shutil.rmtree(path, ignore_errors=True)
+_LEFTOVER = re.compile(r"^\.(?P<kind>tmp|old)-(?P<name>.+)-(?P<pid>\d+)$")
+
+
+def _leftovers(directory: Path) -> list[tuple[str, str, Path]]:
+    """(kind, name, path) of the ``.tmp-<name>-<pid>`` / ``.old-<name>-<pid>`` folders."""
+    found = []
+    for path in directory.iterdir():
+        match = _LEFTOVER.match(path.name)
+        if match and path.is_dir():
+            found.append((match.group("kind"), match.group("name"), path))
+    return found
+
+
+def remove_stale_temporaries(directory: Path) -> list[str]:
+    """Clean up after a save that crashed; returns what was recovered, as messages to log.
+
+    ``.tmp-*`` folders are half-written and removed. An ``.old-<name>-*`` folder is
+    the previous complete ``<name>``: when ``<name>`` itself is missing, the crash
+    came between the two renames of :func:`write_dir_atomically`, and the old copy is
+    renamed back (the newest, should several exist) instead of being deleted.
+
+    Call it only while holding the folder's run lock: another live run's ``.tmp-*``
+    would otherwise be removed under it.
+    """
+    directory = Path(directory)
+    recovered: list[str] = []
+    if not directory.is_dir():
+        return recovered
+    leftovers = _leftovers(directory)
+    olds: dict[str, list[Path]] = {}
+    for kind, name, path in leftovers:
+        if kind == "old":
+            olds.setdefault(name, []).append(path)
+    for name, paths in sorted(olds.items()):
+        final = directory / name
+        if final.exists():
+            continue  # the swap finished; these are only the copies it had not removed yet
+        newest = max(paths, key=lambda p: p.stat().st_mtime)
+        os.rename(newest, final)
+        _fsync_path(directory)
+        recovered.append(f"Recovered {final} from {newest.name}: a save was interrupted between "
+                         "replacing it and putting the new copy in place; this is the copy from before "
+                         "that save.")
+    for _, _, path in leftovers:
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+    return recovered
 
 
 # -------------------------------------------------------------------- RNG states
