@@ -26,6 +26,23 @@ class ConfigError(WorkbenchError, ValueError):
         super().__init__(f"{field}={value!r} is not valid: allowed {allowed}.", fix)
 
 
+class ConfigFileError(ConfigError):
+    """A parameter file (``--config run.yaml``) cannot be used: where and why.
+
+    ``path`` and ``line`` (1-based; None when unknown) locate the problem; ``field`` is
+    the section or field concerned ("config" for a syntax error).
+    """
+
+    def __init__(self, path, line: int | None, problem: str, fix: str | None = None, *,
+                 field: str = "config", value: object = None, allowed: str = ""):
+        self.path = path
+        self.line = line
+        self.problem = problem
+        self.field, self.value, self.allowed = field, value, allowed
+        where = f"{path}, line {line}" if line else f"{path}"
+        WorkbenchError.__init__(self, f"{where}: {problem}", fix)
+
+
 class DataError(WorkbenchError, ValueError):
     """A dataset cannot be used as given (missing file or column, bad labels...)."""
 
