@@ -127,3 +127,24 @@ def test_yaml_reads_exponent_floats_as_numbers(tmp_path):
     path.write_text(GOOD, encoding="utf-8")
     spec = RunSpec.load(path)
     assert spec.train.learning_rate == 2e-5 and spec.train.batch_size == 16
+
+
+def test_train_cli_reports_a_broken_config_without_a_traceback(tmp_path, capsys):
+    from workbench.cli import main
+
+    path = tmp_path / "run.yaml"
+    path.write_text(GOOD.replace("  learning_rate", "   learning_rate"), encoding="utf-8")
+    assert main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"workbench train: error: {path}, line 9: not valid YAML" in err and "Traceback" not in err
+
+
+def test_train_cli_set_reads_exponent_floats(tmp_path):
+    import argparse
+
+    from workbench.train_cli import load_spec
+
+    path = tmp_path / "run.yaml"
+    path.write_text(GOOD, encoding="utf-8")
+    args = argparse.Namespace(config=str(path), set=["train.learning_rate=5e-5"], output_dir=None)
+    assert load_spec(args).train.learning_rate == 5e-5

@@ -241,8 +241,8 @@ def _parse(path: Path, text: str) -> tuple[Any, dict[str, int]]:
         import yaml
 
         try:
-            values = yaml.load(text, Loader=_yaml_loader())  # a SafeLoader: no Python objects
-            tree = yaml.compose(text, Loader=_yaml_loader())
+            values = yaml.load(text, Loader=yaml_loader())  # a SafeLoader: no Python objects
+            tree = yaml.compose(text, Loader=yaml_loader())
         except yaml.YAMLError as e:
             raise _yaml_error(path, text, e) from None
         return ({} if values is None else values), _yaml_lines(tree)
@@ -255,7 +255,7 @@ def _parse(path: Path, text: str) -> tuple[Any, dict[str, int]]:
     return values, _json_lines(text, values)
 
 
-def _yaml_loader():
+def yaml_loader():
     """PyYAML's SafeLoader, reading ``2e-5`` as a number.
 
     PyYAML implements YAML 1.1, where a float needs a dot (``2.0e-5``), so the
