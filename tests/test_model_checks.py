@@ -241,3 +241,21 @@ def test_a_complete_checkpoint_says_nothing(tiny_bert):
         _classifier(tiny_bert, num_labels=2)
     assert notice.message is None and not notice.report_shown
     assert not any("LOAD REPORT" in m for m in seen.messages)
+
+
+def test_loading_bar_is_hidden_during_the_load_and_restored(tiny_bert):
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()  # the test env switches bars off
+    hf_logging.enable_progress_bar()
+    try:
+        with model_checks.new_head_notice(2, announce=None):
+            assert not hf_logging.is_progress_bar_enabled()
+            _classifier(tiny_bert, num_labels=2)
+        assert hf_logging.is_progress_bar_enabled()
+        with pytest.raises(OSError), model_checks.new_head_notice(2, announce=None):
+            _classifier("/no/such/model", num_labels=2)
+        assert hf_logging.is_progress_bar_enabled()  # restored after a failed load too
+    finally:
+        if not was_on:
+            hf_logging.disable_progress_bar()

@@ -128,7 +128,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @contextlib.contextmanager
-def new_head_notice(num_labels: int, *, announce=print) -> Iterator[HeadNotice]:
+def new_head_notice(num_labels: int, *, announce=print, quiet_progress: bool = True) -> Iterator[HeadNotice]:
     """Replace transformers' load report for a new classification head by one calm line.
 
     transformers 5 logs a "<Class> LOAD REPORT" table (a warning, red in a notebook)
@@ -147,18 +147,27 @@ def new_head_notice(num_labels: int, *, announce=print) -> Iterator[HeadNotice]:
         # notice.message: log it with the run's other messages
 
     ``announce``: called with the line (default ``print``); None to only set ``notice.message``.
+    ``quiet_progress``: hide transformers' "Loading weights" bar meanwhile (a model of a
+    few hundred tensors loads in a second; the bar is noise in a cell's output and a log).
     """
+    from transformers.utils import logging as hf_logging
+
     notice = HeadNotice(num_labels)
     logger = logging.getLogger(_REPORT_LOGGER)
     catcher = _CatchReports(notice)
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    if quiet_progress:
+        hf_logging.disable_progress_bar()
     logger.addFilter(catcher)
     try:
         yield notice
     except BaseException:
-        logger.removeFilter(catcher)
-        _pass_through(logger, notice)  # a failed load: its report says why
+        _pass_through(logger, notice, catcher)  # a failed load: its report says why
         raise
-    logger.removeFilter(catcher)
+    finally:
+        logger.removeFilter(catcher)
+        if quiet_progress and bars_were_on:
+            hf_logging.enable_progress_bar()
     for record in notice.records:
         message = _calm_line(record.getMessage(), num_labels)
         if message is None:
@@ -169,7 +178,9 @@ def new_head_notice(num_labels: int, *, announce=print) -> Iterator[HeadNotice]:
         announce(notice.message)
 
 
-def _pass_through(logger: logging.Logger, notice: HeadNotice) -> None:
+def _pass_through(logger: logging.Logger, notice: HeadNotice, catcher: logging.Filter | None = None) -> None:
+    if catcher is not None:
+        logger.removeFilter(catcher)
     for record in notice.records:
         logger.handle(record)
     notice.report_shown = bool(notice.records)
