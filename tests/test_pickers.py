@@ -244,3 +244,9 @@ def test_quickstart_picker_cell_with_a_wrong_text_column(tiny_bert, data_dir):
         dataset_choice=DatasetChoice(source="files", path=str(data_dir), text_columns=("sentense",)))
     with pytest.raises(DataError, match="column 'sentense' is not in .*its columns are: text, label"):
         exec(compile(source, "01_quickstart.ipynb", "exec"), namespace)
+    # With the right name the cell fills the widgets and the choice the run will use.
+    namespace["dataset_choice"] = DatasetChoice(source="files", path=str(data_dir), text_columns=("text",))
+    exec(compile(source, "01_quickstart.ipynb", "exec"), namespace)
+    picker = namespace["picker"]
+    assert picker.dataset.text_box.value == ("text",) and picker.dataset.label_box.value == "label"
+    assert picker.dataset_choice.text_columns == ("text",)
