@@ -357,3 +357,20 @@ def test_csv_named_tsv_and_semicolon_csv(tmp_path):
     semi.write_text("text;label\n" + "".join(f"{r['text'].replace(',', '')};{r['label']}\n"
                                               for r in make_rows(20)), encoding="utf-8")
     expect(semi, "looks semicolon-separated")
+
+
+def test_check_texts_is_fast_on_clean_views_and_names_a_non_text_column():
+    import time
+
+    from datasets import Dataset
+
+    from workbench.data import check_texts
+
+    big = Dataset.from_dict({"text": ["a few words"] * 300_000, "label": [0, 1] * 150_000}).shuffle(seed=0)
+    started = time.perf_counter()
+    check_texts(big, ["text"])
+    assert time.perf_counter() - started < 2.0  # the whole-table pass; no per-row Python
+    with pytest.raises(DataError, match="holds int64, not text"):
+        check_texts(Dataset.from_dict({"text": [1, 2], "label": [0, 1]}), ["text"])
+    with pytest.raises(DataError, match=r"2 value\(s\) with no text .*\(2 missing;"):
+        check_texts(Dataset.from_dict({"text": [None, None], "label": [0, 1]}), ["text"])
