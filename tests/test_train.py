@@ -29,7 +29,7 @@ def small_data():
 
 
 def _quick(tiny_bert, data, out, **overrides):
-    settings = dict(output_dir=str(out), learning_rate=2e-3, batch_size=8, num_workers=0, progress="none",
+    settings = dict(output_dir=str(out), learning_rate=2e-3, batch_size=8, num_workers=0, progress="none", max_length=128,
                     max_steps=6, log_every=1, warmup_ratio=0.0)
     settings.update(overrides)
     return fit(str(tiny_bert), data, **settings)
@@ -45,6 +45,12 @@ def _simulate_oom(monkeypatch, trigger):
         return original(run, batches, step)
 
     monkeypatch.setattr(train, "_optimizer_step", step_or_oom)
+
+
+def _checkpoint_weights_of_model(path):
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
 
 
 def _checkpoint_weights(path):
@@ -227,6 +233,44 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_be
     assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
     ends = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert ends[-1]["kind"] == "end" and ends[-1]["status"] == "failed"
+
+
+def test_nan_before_an_evaluation_is_caught_and_never_kept_as_best(tiny_bert, small_data, tmp_path, monkeypatch):
+    """With log_every=10 the NaN of step 3 used to reach the step-4 evaluation and be saved as best/."""
+    original = ClassificationTask.loss
+    calls = {"n": 0}
+
+    def loss_with_nan(self, model, batch):
+        calls["n"] += 1
+        loss = original(self, model, batch)
+        return loss * float("nan") if calls["n"] == 3 else loss
+
+    monkeypatch.setattr(ClassificationTask, "loss", loss_with_nan)
+    out = tmp_path / "run"
+    with pytest.raises(TrainingError, match="step 3") as info:
+        _quick(tiny_bert, small_data, out, max_steps=8, eval_every=2, log_every=10, save_every=100)
+    assert "No checkpoint was saved before it" in str(info.value)  # no false promise
+    best = json.loads((out / "best" / "best.json").read_text())
+    assert best["step"] == 2  # the evaluation at step 4 never ran on the ruined weights
+    weights = _checkpoint_weights_of_model(out / "best")
+    assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
+
+
+def test_out_of_memory_in_evaluation_halves_the_eval_batch(tiny_bert, small_data, tmp_path, monkeypatch):
+    plain = _quick(tiny_bert, small_data, tmp_path / "plain", max_steps=2)
+    original = ClassificationTask.eval_outputs
+
+    def eval_outputs_or_oom(self, model, batch):
+        if len(batch["labels"]) > 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated in evaluation)")
+        return original(self, model, batch)
+
+    monkeypatch.setattr(ClassificationTask, "eval_outputs", eval_outputs_or_oom)
+    retried = _quick(tiny_bert, small_data, tmp_path / "oom", max_steps=2)
+    assert retried.status == "completed"
+    warnings = [e["text"] for e in _events(retried, "message") if e["level"] == "warn"]
+    assert any("eval batches of 8" in w for w in warnings) and any("eval batches of 4" in w for w in warnings)
+    assert retried.metrics == pytest.approx(plain.metrics, abs=1e-6)
 
 
 def test_huge_learning_rate_is_reported_not_silently_saved(tiny_bert, small_data, tmp_path):

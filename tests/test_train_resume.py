@@ -41,6 +41,16 @@ if pause:  # the files are written, the manifest is not: the checkpoint is half 
         return saved
     accelerate.Accelerator.save_state = save_state
 
+slow_loss = float(os.environ.get("SLOW_LOSS_S", "0"))
+if slow_loss:  # a pause inside each step, after the forward pass drew its dropout masks
+    from workbench.tasks.classification import ClassificationTask
+    original_loss = ClassificationTask.loss
+    def loss(self, model, batch):
+        value = original_loss(self, model, batch)
+        time.sleep(slow_loss)
+        return value
+    ClassificationTask.loss = loss
+
 slow = float(os.environ.get("SLOW_STEP_S", "0"))
 if slow:  # make the run long enough to be killed part-way
     original = events.EventLog.write
@@ -159,6 +169,26 @@ def test_sigterm_finishes_the_step_saves_and_resumes_exactly(reference, tiny_ber
     assert proc.returncode == 0, output[-3000:]
     assert "STATUS interrupted" in output
     assert "Interrupted at step" in output and "Traceback" not in output
+    stopped_at = max(_losses(out))
+    assert checkpoint.latest_checkpoint(out).name == checkpoint.step_dir_name(stopped_at)
+    _run(script, tiny_bert, out)
+    _assert_same_as_reference(ref_out, out, resumed_after=stopped_at)
+
+
+def test_double_ctrl_c_mid_step_still_resumes_exactly(reference, tiny_bert, tmp_path):
+    """Two interrupts 0.3 s apart, landing inside a step after its dropout draws: the second
+    is only noted, the step completes, one checkpoint and one message, then an exact resume."""
+    script, ref_out = reference
+    out = tmp_path / "double-interrupt"
+    proc = _run(script, tiny_bert, out, env={"SLOW_LOSS_S": "0.4"}, wait=False)
+    _wait_for(lambda: len(_losses(out)) >= 4 if (out / "events.jsonl").exists() else False, proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output[-3000:]
+    assert "STATUS interrupted" in output and "Traceback" not in output
+    assert output.count("Interrupted at step") == 1  # said once, not twice
     stopped_at = max(_losses(out))
     assert checkpoint.latest_checkpoint(out).name == checkpoint.step_dir_name(stopped_at)
     _run(script, tiny_bert, out)

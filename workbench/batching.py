@@ -222,3 +222,24 @@ def make_loader(dataset, batch_sampler, collate, num_workers: int | None, seed: 
         # loader never shifts the dropout random stream (exact resume).
         generator=torch.Generator().manual_seed(seed),
     )
+
+
+def step_windows(loader, sampler, accelerator, state, accumulation: int):
+    """Lists of loader batches, one list per optimizer step, continuing from ``state``
+    (its ``epoch`` and ``batch_in_epoch``, which the loop advances).
+
+    The sampler order depends only on (seed, epoch) and already-seen batches are
+    skipped, so a resumed run gets the same batches as an uninterrupted one.
+    """
+    while True:
+        sampler.set_epoch(state.epoch)
+        loader.set_epoch(state.epoch)
+        batches = accelerator.skip_first_batches(loader, state.batch_in_epoch) if state.batch_in_epoch else loader
+        window = []
+        for batch in batches:
+            window.append(batch)
+            if len(window) == accumulation:
+                yield window
+                window = []
+        if window:
+            yield window

@@ -30,6 +30,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,21 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
+@dataclass
+class TrainState:
+    """Where the run is; saved in each checkpoint's state.json."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # current epoch (0-based)
+    batch_in_epoch: int = 0  # loader batches of this epoch already consumed
+    micro_batch_size: int = 0  # after out-of-memory halvings; batch_size otherwise
+    skipped_steps: int = 0  # fp16 overflow skips, in total
+    consecutive_skips: int = 0
+    best_value: float | None = None
+    best_step: int | None = None
+    metrics: dict = field(default_factory=dict)  # last evaluation
+
+
 # ------------------------------------------------------------------ atomic folders
 def _fsync_path(path: Path) -> None:
     flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() and hasattr(os, "O_DIRECTORY") else 0)
@@ -69,7 +85,10 @@ def _fsync_path(path: Path) -> None:
 def write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_dir)``, fsync what it wrote, then rename ``tmp_dir`` to ``final``.
 
-    An existing ``final`` is replaced: moved aside first, removed after the swap.
+    An existing ``final`` is replaced in two renames: ``final`` -> ``.old-<name>-<pid>``,
+    then ``tmp`` -> ``final``; the old copy is removed after. Between the two renames
+    ``final`` does not exist; a crash there leaves the complete old copy, which
+    :func:`remove_stale_temporaries` puts back at the next start.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -87,7 +106,12 @@ def write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
 
 
 def _swap_into_place(tmp: Path, final: Path) -> None:
-    """fsync everything in ``tmp``, then rename it to ``final`` (replacing an existing one)."""
+    """fsync everything in ``tmp``, then rename it to ``final`` (replacing an existing one).
+
+    An existing ``final`` is moved aside first (``.old-<name>-<pid>``) and removed after
+    the swap; a kill between the two renames leaves only that copy, which
+    :func:`remove_stale_temporaries` puts back at the next start.
+    """
     for path in tmp.rglob("*"):
         if path.is_file():
             _fsync_path(path)
@@ -98,18 +122,65 @@ def _swap_into_place(tmp: Path, final: Path) -> None:
         if old.exists():
             shutil.rmtree(old)
         os.rename(final, old)
-    os.rename(tmp, final)
+    try:
+        os.rename(tmp, final)
+    except BaseException:
+        if old is not None and old.exists() and not final.exists():
+            # The second rename failed: put the old copy back rather than leave no ``final``.
+            os.rename(old, final)
+        raise
     _fsync_path(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def remove_stale_temporaries(directory: Path) -> None:
-    """Half-written folders from a crashed save (``.tmp-*``, ``.old-*``)."""
-    if directory.is_dir():
-        for path in directory.iterdir():
-            if path.is_dir() and (path.name.startswith(".tmp-") or path.name.startswith(".old-")):
-                shutil.rmtree(path, ignore_errors=True)
+_LEFTOVER = re.compile(r"^\.(?P<kind>tmp|old)-(?P<name>.+)-(?P<pid>\d+)$")
+
+
+def _leftovers(directory: Path) -> list[tuple[str, str, Path]]:
+    """(kind, name, path) of the ``.tmp-<name>-<pid>`` / ``.old-<name>-<pid>`` folders."""
+    found = []
+    for path in directory.iterdir():
+        match = _LEFTOVER.match(path.name)
+        if match and path.is_dir():
+            found.append((match.group("kind"), match.group("name"), path))
+    return found
+
+
+def remove_stale_temporaries(directory: Path) -> list[str]:
+    """Clean up after a save that crashed; returns what was recovered, as messages to log.
+
+    ``.tmp-*`` folders are half-written and removed. An ``.old-<name>-*`` folder is
+    the previous complete ``<name>``: when ``<name>`` itself is missing, the crash
+    came between the two renames of :func:`write_dir_atomically`, and the old copy is
+    renamed back (the newest, should several exist) instead of being deleted.
+
+    Call it only while holding the folder's run lock: another live run's ``.tmp-*``
+    would otherwise be removed under it.
+    """
+    directory = Path(directory)
+    recovered: list[str] = []
+    if not directory.is_dir():
+        return recovered
+    leftovers = _leftovers(directory)
+    olds: dict[str, list[Path]] = {}
+    for kind, name, path in leftovers:
+        if kind == "old":
+            olds.setdefault(name, []).append(path)
+    for name, paths in sorted(olds.items()):
+        final = directory / name
+        if final.exists():
+            continue  # the swap finished; these are only the copies it had not removed yet
+        newest = max(paths, key=lambda p: p.stat().st_mtime)
+        os.rename(newest, final)
+        _fsync_path(directory)
+        recovered.append(f"Recovered {final} from {newest.name}: a save was interrupted between "
+                         "replacing it and putting the new copy in place; this is the copy from before "
+                         "that save.")
+    for _, _, path in leftovers:
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+    return recovered
 
 
 # -------------------------------------------------------------------- RNG states
@@ -271,6 +342,19 @@ def load_checkpoint(accelerator, path: str | os.PathLike) -> tuple[dict, dict]:
     state = json.loads((path / STATE).read_text(encoding="utf-8"))
     record = json.loads((path / RUN_RECORD).read_text(encoding="utf-8"))
     return state, record
+
+
+def resume(accelerator, path: Path, record: dict) -> tuple[dict, list[tuple[str, str]]]:
+    """Check ``path`` belongs to the run ``record`` describes, restore it; returns
+    (the saved state.json, (text, level) messages for the run's log)."""
+    check_same_run(path, read_record(path), record)
+    state, saved_record = load_checkpoint(accelerator, path)
+    messages = [(f"Resumed from {path} (step {state.get('step')}).", "info")]
+    changes = compare_records(saved_record, record)
+    if changes:
+        messages.append(("Resuming on different hardware or software, results may differ slightly: "
+                         + "; ".join(changes) + ".", "warn"))
+    return state, messages
 
 
 def validate(path: Path) -> str | None:

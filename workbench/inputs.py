@@ -27,7 +27,9 @@ def make_config(config: TrainConfig | None, overrides: dict[str, Any]) -> TrainC
 def resolve_data(data, text_columns, label_column):
     """(DatasetDict, text_columns, label_column) from any accepted ``data``."""
     if isinstance(data, (str, os.PathLike)):
-        source = "files" if Path(data).exists() else "hub"
+        from workbench.data import resolve_data_source
+
+        source = resolve_data_source(data)  # a missing path is "file not found", not a hub error
         data = DatasetChoice(source=source, path=str(data), text_columns=tuple(text_columns or ("text",)),
                              label_column=label_column or "label")
     if isinstance(data, DatasetChoice):

@@ -14,7 +14,9 @@ same under torchrun, papermill and CI. Notebooks call ``workbench.fit``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,31 +26,16 @@ from typing import Any
 
 import torch
 
-from workbench import batching, checkpoint, distributed, inputs
+from workbench import batching, checkpoint, distributed, inputs, model_checks, run_lock
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import TrainingError
 from workbench.events import EventLog
-from workbench.memory import free_memory, halve, is_oom
+from workbench.memory import free_memory, with_halving
 from workbench.optim import make_optimizer, make_scheduler
 from workbench.precision import device_facts, resolve_precision
 from workbench.results import BEST_DIR, MODEL_DIR, FitResult
-from workbench.stopping import StopRequest, stop_on_signals
-from workbench.tasks import Task, enable_gradient_checkpointing, make_task
-
-
-@dataclass
-class TrainState:
-    """Where the run is; saved in each checkpoint's state.json."""
-
-    step: int = 0  # optimizer steps done
-    epoch: int = 0  # current epoch (0-based)
-    batch_in_epoch: int = 0  # loader batches of this epoch already consumed
-    micro_batch_size: int = 0  # after out-of-memory halvings; batch_size otherwise
-    skipped_steps: int = 0  # fp16 overflow skips, in total
-    consecutive_skips: int = 0
-    best_value: float | None = None
-    best_step: int | None = None
-    metrics: dict = field(default_factory=dict)  # last evaluation
+from workbench.stopping import HARD_STOP_AFTER, StopRequest, stop_on_signals
+from workbench.tasks import Task, enable_gradient_checkpointing, make_task, split_batch
 
 
 @dataclass
@@ -70,12 +57,15 @@ class _Run:
     precision: str
     total_steps: int
     batches_per_epoch: int
-    state: TrainState
+    state: checkpoint.TrainState
     stop: StopRequest
+    notes: list = field(default_factory=list)  # (text, level) from set-up, logged after "start"
     display: bool = False  # a listener shows messages; otherwise they are printed
     pending_losses: list = field(default_factory=list)  # (step, device tensor) since last log
     last_log: tuple[float, int, int] = (0.0, 0, 0)  # (time, step, samples) at the last train event
     samples: int = 0  # rows seen by this process since the start of this call
+    rng_before_step: dict | None = None  # RNG states while a step is in progress
+    eval_micro_batch: int = 0  # rows per eval forward pass (halved on out-of-memory)
 
     @property
     def output_dir(self) -> Path:
@@ -105,31 +95,40 @@ def fit(
     # Everything that can be wrong is checked here, before any training starts.
     config = inputs.make_config(config, overrides)
     model_choice = model if isinstance(model, ModelChoice) else ModelChoice(str(model))
+    model_checks.check_model_source(model_choice.name_or_path)
     splits, columns, label = inputs.resolve_data(data, text_columns, label_column)
     task = make_task(config, columns, label)
     task.check_data(splits)
     precision = resolve_precision(config.precision, device_facts())
     inputs.check_output_dir(Path(config.output_dir))
-    resume_from = checkpoint.resolve_resume(config.output_dir, config.resume)
-
-    with stop_on_signals() as stop:
-        run = _prepare(model_choice, splits, task, config, precision, stop, listeners)
-        history: list[dict] = []
-        if run.log.enabled:
-            run.log.add_listener(history.append)
-        try:
-            return _fit_run(run, resume_from, history)
-        finally:
-            _close(run)
+    # One run per folder: the main process (global rank 0) holds the lock for all of them.
+    lock = run_lock.acquire(config.output_dir) if int(os.environ.get("RANK", "0")) == 0 else None
+    try:
+        resume_from = checkpoint.resolve_resume(config.output_dir, config.resume)
+        with stop_on_signals() as stop:
+            run = _prepare(model_choice, splits, task, config, precision, stop, listeners)
+            if lock is not None and lock.note:
+                run.notes.insert(0, (lock.note, "warn"))
+            history: list[dict] = []
+            if run.log.enabled:
+                run.log.add_listener(history.append)
+            try:
+                return _fit_run(run, resume_from, history)
+            finally:
+                _close(run)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitResult:
     acc, config = run.accelerator, run.config
-    if acc.is_main_process:
-        checkpoint.remove_stale_temporaries(checkpoint.checkpoints_dir(run.output_dir))
-        checkpoint.remove_stale_temporaries(run.output_dir)
+    messages = list(run.notes)
+    if acc.is_main_process:  # under the lock: no other run's save is in progress here
+        for folder in (checkpoint.checkpoints_dir(run.output_dir), run.output_dir):
+            messages += [(text, "warn") for text in checkpoint.remove_stale_temporaries(folder)]
     acc.wait_for_everyone()  # nobody saves into a folder that is being cleaned
-    messages = _resume(run, resume_from) if resume_from is not None else []
+    messages += _resume(run, resume_from) if resume_from is not None else []
     steps_per_epoch = math.ceil(run.batches_per_epoch / config.gradient_accumulation_steps)
     run.log.write("start", total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
                   config=asdict(config), world_size=acc.num_processes, precision=run.precision,
@@ -141,9 +140,15 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
         try:
             status = _train(run)
         except KeyboardInterrupt:
-            status = "interrupted"  # raised mid-step (e.g. by a display): drop that partial step
+            if run.stop.presses >= HARD_STOP_AFTER:
+                raise  # Ctrl-C three times: stop without saving
+            # Raised by something other than our handler (a display, a thread) in the middle of
+            # a step: drop that step's gradients and give back the random numbers it drew, or
+            # the resumed run would not see the dropout masks an uninterrupted one sees.
+            status = "interrupted"
             run.optimizer.zero_grad(set_to_none=True)
-            run.pending_losses.clear()
+            if run.rng_before_step is not None:
+                checkpoint.set_rng_state(run.rng_before_step)
         if status == "interrupted":
             path = _save_checkpoint(run)
             text = (f"Interrupted at step {run.state.step}/{run.total_steps}: checkpoint saved in {path}; "
@@ -166,14 +171,17 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
 def _train(run: _Run) -> str:
     """Optimizer steps until the end or a stop request. Returns "completed" or "interrupted"."""
     cfg, state = run.config, run.state
-    windows = _windows(run)
+    windows = batching.step_windows(run.train_loader, run.sampler, run.accelerator, run.state,
+                                    run.config.gradient_accumulation_steps)
     run.model.train()  # from_pretrained returns a model in eval mode: dropout would be off
     run.last_log = (time.perf_counter(), state.step, 0)
     try:
         while state.step < run.total_steps:
             batches = next(windows)
             step = state.step + 1
+            run.rng_before_step = checkpoint.rng_state()  # ~20 us: an interrupted step can give its draws back
             loss = _step_with_oom_retry(run, batches, step)
+            run.rng_before_step = None  # the step is done: its draws are part of the run
             run.pending_losses.append((step, loss))
             run.samples += sum(run.task.rows(b) for b in batches)
             state.step = step
@@ -203,29 +211,6 @@ def _train(run: _Run) -> str:
     return "completed"
 
 
-def _windows(run: _Run):
-    """Lists of loader batches, one list per optimizer step, continuing from run.state.
-
-    The sampler order depends only on (seed, epoch) and already-seen batches are
-    skipped, so a resumed run gets the same batches as an uninterrupted one.
-    """
-    accum = run.config.gradient_accumulation_steps
-    while True:
-        run.sampler.set_epoch(run.state.epoch)
-        run.train_loader.set_epoch(run.state.epoch)
-        loader = run.train_loader
-        if run.state.batch_in_epoch:
-            loader = run.accelerator.skip_first_batches(loader, run.state.batch_in_epoch)
-        window = []
-        for batch in loader:
-            window.append(batch)
-            if len(window) == accum:
-                yield window
-                window = []
-        if window:
-            yield window
-
-
 def _optimizer_step(run: _Run, batches: list[dict], step: int) -> torch.Tensor:
     """Forward/backward over the window in micro-batches, then one optimizer step.
 
@@ -234,7 +219,7 @@ def _optimizer_step(run: _Run, batches: list[dict], step: int) -> torch.Tensor:
     however it is split. Returns the window's mean loss as a device tensor (no host sync).
     """
     acc, model, task = run.accelerator, run.model, run.task
-    pieces = [piece for b in batches for piece in _split(task, b, run.state.micro_batch_size)]
+    pieces = [piece for b in batches for piece in split_batch(task, b, run.state.micro_batch_size)]
     weights = [task.units(p) for p in pieces] if len(pieces) > 1 else None
     total = sum(weights) if weights else None
     step_loss = None
@@ -260,35 +245,19 @@ def _optimizer_step(run: _Run, batches: list[dict], step: int) -> torch.Tensor:
     return step_loss
 
 
-def _split(task: Task, batch: dict, size: int) -> list[dict]:
-    rows = task.rows(batch)
-    if rows <= size:
-        return [batch]
-    return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
-
-
 def _step_with_oom_retry(run: _Run, batches: list[dict], step: int) -> torch.Tensor:
-    """Retry the same step with half the micro-batch (twice the accumulation) on CUDA OOM."""
-    while True:
-        try:
-            return _optimizer_step(run, batches, step)
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-        # Out of the except block: the exception and its traceback (which hold every
-        # activation of the failed pass) are gone, so the memory can really be freed.
+    """Retry the same step with half the micro-batch (twice the accumulation) on out-of-memory."""
+    def halved(size: int) -> None:
         run.optimizer.zero_grad(set_to_none=True)
-        free_memory()
-        size = run.state.micro_batch_size
-        if size == 1:
-            raise TrainingError(
-                f"CUDA out of memory at step {step} even with a micro-batch of 1.",
-                "use a shorter max_length, gradient_checkpointing=True, bf16/fp16 precision, "
-                "a smaller model, or distributed='fsdp' across several GPUs.", step=step)
-        run.state.micro_batch_size = halve(size)
-        factor = run.config.batch_size // run.state.micro_batch_size
-        _message(run, f"Out of GPU memory at step {step}: retrying with micro-batch "
-                      f"{run.state.micro_batch_size} x {factor} accumulation (same effective batch).", "warn")
+        run.state.micro_batch_size = size
+        _message(run, f"Out of GPU memory at step {step}: retrying with micro-batch {size} x "
+                      f"{run.config.batch_size // size} accumulation (same effective batch).", "warn")
+
+    return with_halving(lambda size: _optimizer_step(run, batches, step), run.state.micro_batch_size,
+                        on_halve=halved, give_up=lambda: TrainingError(
+                            f"CUDA out of memory at step {step} even with a micro-batch of 1.",
+                            "use a shorter max_length, gradient_checkpointing=True, bf16/fp16 precision, "
+                            "a smaller model, or distributed='fsdp' across several GPUs.", step=step))
 
 
 def _stop_requested(run: _Run, step: int) -> bool:
@@ -315,11 +284,12 @@ def _check_losses(run: _Run) -> float | None:
     run.pending_losses.clear()
     for step, value in zip(steps, values, strict=True):
         if not math.isfinite(value):
+            good = checkpoint.list_checkpoints(run.output_dir)
+            kept = f"The last good checkpoint is kept in {good[-1]}." if good else "No checkpoint was saved before it."
             raise TrainingError(
-                f"The loss became {value} at step {step}; the weights are no longer usable.",
+                f"The loss became {value} at step {step}; the weights are no longer usable. {kept}",
                 "lower learning_rate (e.g. by 10x), keep max_grad_norm set, or use precision='bf16' "
-                "instead of fp16. The last good checkpoint is kept in "
-                f"{checkpoint.checkpoints_dir(run.output_dir)}.", step=step)
+                "instead of fp16.", step=step)
     return sum(values) / len(values)
 
 
@@ -347,12 +317,29 @@ def _message(run: _Run, text: str, level: str = "info") -> None:
 
 
 def _evaluate(run: _Run) -> dict[str, float]:
-    acc, model = run.accelerator, run.model
+    acc, model, task = run.accelerator, run.model, run.task
+    _check_losses(run)  # never evaluate (and maybe keep as best) weights a NaN loss has ruined
+    # Eval batches start at twice the training micro-batch (no activations kept for a
+    # backward pass) and are halved on out-of-memory like training steps.
+    run.eval_micro_batch = min(run.eval_micro_batch or 2 * run.config.batch_size, 2 * run.state.micro_batch_size)
+
+    def outputs_of(batch, size):
+        parts = [task.eval_outputs(model, piece) for piece in split_batch(task, batch, size)]
+        return tuple(torch.cat(tensors) for tensors in zip(*parts, strict=True))
+
+    def halved(size):
+        run.eval_micro_batch = size
+        _message(run, f"Out of GPU memory in evaluation: retrying with eval batches of {size}.", "warn")
+
     model.eval()
     outputs = []
     with torch.no_grad():
         for batch in run.eval_loader:
-            outputs.append(acc.gather_for_metrics(run.task.eval_outputs(model, batch)))
+            outputs.append(acc.gather_for_metrics(with_halving(
+                lambda size, batch=batch: outputs_of(batch, size), run.eval_micro_batch, on_halve=halved,
+                give_up=lambda: TrainingError("CUDA out of memory in evaluation even with batches of 1.",
+                                              "use a shorter max_length or a smaller model.",
+                                              step=run.state.step))))
     model.train()
     metrics = run.task.metrics(outputs)
     run.state.metrics = metrics
@@ -361,7 +348,8 @@ def _evaluate(run: _Run) -> dict[str, float]:
     value = metrics[f"eval_{run.config.best_metric}"]
     best = run.state.best_value
     lower_is_better = run.config.best_metric == "loss"
-    if math.isfinite(value) and (best is None or (value < best if lower_is_better else value > best)):
+    better = best is None or (value < best if lower_is_better else value > best)
+    if math.isfinite(value) and better and checkpoint.weights_finite(acc, model):
         run.state.best_value, run.state.best_step = value, run.state.step
         _save_model(run, run.output_dir / BEST_DIR, extra={"step": run.state.step, "metrics": metrics})
     return metrics
@@ -385,17 +373,11 @@ def _save_model(run: _Run, directory: Path, extra: dict | None = None) -> Path:
 
 
 def _resume(run: _Run, path: Path) -> list[tuple[str, str]]:
-    """Load everything from ``path``; returns (text, level) messages to log after "start"."""
-    checkpoint.check_same_run(path, checkpoint.read_record(path), run.record)
-    state, record = checkpoint.load_checkpoint(run.accelerator, path)
-    run.state = TrainState(**state)
-    if run.state.micro_batch_size > run.config.batch_size or run.state.micro_batch_size < 1:
+    """Load everything from ``path`` (refused when it is another run's); returns messages to log."""
+    state, messages = checkpoint.resume(run.accelerator, path, run.record)
+    run.state = checkpoint.TrainState(**state)
+    if not 1 <= run.state.micro_batch_size <= run.config.batch_size:
         run.state.micro_batch_size = run.config.batch_size
-    messages = [(f"Resumed from {path} (step {run.state.step}).", "info")]
-    changes = checkpoint.compare_records(record, run.record)
-    if changes:
-        messages.append(("Resuming on different hardware or software, results may differ slightly: "
-                         + "; ".join(changes) + ".", "warn"))
     return messages
 
 
@@ -416,6 +398,11 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: s
     set_seed(config.seed)  # the new head's initial weights depend on it
     tokenizer = task.load_tokenizer(model_choice)
     model = task.build_model(model_choice, tokenizer, config)
+    notes = list(task.notes)
+    max_length, note = model_checks.effective_max_length(config.max_length, model.config, model_choice.name_or_path)
+    if note:  # capped to the model's positions, before tokenizing and recording the run
+        config = dataclasses.replace(config, max_length=max_length)
+        notes.append((note, "warn"))
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     with accelerator.main_process_first():  # datasets' cache is written once
@@ -445,8 +432,8 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: s
     return _Run(config=config, task=task, accelerator=accelerator, model=model, optimizer=optimizer,
                 scheduler=scheduler, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
                 tokenizer=tokenizer, log=log, record=record, precision=precision, total_steps=total_steps,
-                batches_per_epoch=batches_per_epoch, state=TrainState(micro_batch_size=config.batch_size),
-                stop=stop, display=bool(listeners))
+                batches_per_epoch=batches_per_epoch, state=checkpoint.TrainState(micro_batch_size=config.batch_size),
+                stop=stop, notes=notes, display=bool(listeners))
 
 
 def _close(run: _Run) -> None:

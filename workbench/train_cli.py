@@ -17,7 +17,9 @@ def _parse_value(text: str):
     """``--set train.num_epochs=1``: the value is read as YAML (numbers, null, true...)."""
     import yaml
 
-    return yaml.safe_load(text)
+    from workbench.config import yaml_loader
+
+    return yaml.load(text, Loader=yaml_loader())  # as in the file: 2e-5 is a number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

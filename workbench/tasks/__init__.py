@@ -20,6 +20,7 @@ from workbench.config import ModelChoice, TrainConfig
 
 class Task(Protocol):
     name: str  # "classification", ...: recorded with the run, checked on resume
+    notes: list[tuple[str, str]]  # (text, level) from loading the model: logged after "start"
 
     def check_data(self, splits) -> None:
         """Everything that can be wrong with the data, found before any training (DataError)."""
@@ -83,6 +84,14 @@ def enable_gradient_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def split_batch(task: Task, batch: dict, size: int) -> list[dict]:
+    """``batch`` cut into micro-batches of at most ``size`` rows (after an out-of-memory)."""
+    rows = task.rows(batch)
+    if rows <= size:
+        return [batch]
+    return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
 
 
 def make_task(config: TrainConfig, text_columns, label_column: str) -> Task:

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from workbench import batching
+from workbench import batching, model_checks
 from workbench.config import ModelChoice, TrainConfig
+from workbench.data import check_texts
 from workbench.errors import DataError, ModelError
 from workbench.hub import OFFLINE_FIX, is_offline
 from workbench.metrics import classification_metrics
@@ -31,6 +32,8 @@ class ClassificationTask:
         self.text_columns = tuple(text_columns)
         self.label_column = label_column
         self.labels: batching.LabelMapping | None = None
+        self.notes: list[tuple[str, str]] = []  # (text, level) from loading, logged after "start"
+        self._sample_texts: list[str] = []  # to check the tokenizer against the model
 
     # -- data ---------------------------------------------------------------------
     def check_data(self, splits) -> None:
@@ -40,6 +43,8 @@ class ClassificationTask:
                             "pass a DatasetDict, a DatasetChoice, or a path to local files.")
         for split in ("train", "validation"):
             batching.check_split(splits.get(split), split, self.text_columns, self.label_column)
+            check_texts(splits[split], self.text_columns, split)  # empty and whitespace-only texts
+        self._sample_texts = model_checks.sample_texts(splits["train"], self.text_columns)
         self.labels = batching.build_label_mapping(splits["train"], splits["validation"], self.label_column)
         self.data_fingerprint = fingerprint(splits["train"], (*self.text_columns, self.label_column))
 
@@ -74,17 +79,24 @@ class ClassificationTask:
     def build_model(self, choice: ModelChoice, tokenizer, config: TrainConfig | None = None):
         from transformers import AutoModelForSequenceClassification
 
-        model = load_pretrained(
-            AutoModelForSequenceClassification, choice,
-            num_labels=len(self.labels.names), id2label=self.labels.id2label,
-            label2id=self.labels.label2id,
-            ignore_mismatched_sizes=True,  # a new head when the label count differs
-            # fp32 master weights whatever the checkpoint stores: autocast gives the speed,
-            # and AdamW on bf16/fp16 weights loses small updates.
-            dtype=torch.float32,
-        )
+        # transformers' red "LOAD REPORT ... MISSING classifier.weight" is expected here: one
+        # calm line instead, and the report kept for real mismatches.
+        with model_checks.new_head_notice(len(self.labels.names), announce=None) as notice:
+            model = load_pretrained(
+                AutoModelForSequenceClassification, choice,
+                num_labels=len(self.labels.names), id2label=self.labels.id2label,
+                label2id=self.labels.label2id,
+                ignore_mismatched_sizes=True,  # a new head when the label count differs
+                # fp32 master weights whatever the checkpoint stores: autocast gives the speed,
+                # and AdamW on bf16/fp16 weights loses small updates.
+                dtype=torch.float32,
+            )
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
+        self.notes = [(notice.message, "info")] if notice.message else []
+        # An empty or foreign tokenizer trains on [UNK]s to chance accuracy: refuse or warn.
+        self.notes += [(w, "warn") for w in model_checks.check_tokenizer(tokenizer, model.config,
+                                                                          self._sample_texts)]
         return model
 
     # -- training and evaluation --------------------------------------------------
