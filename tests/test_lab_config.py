@@ -293,6 +293,7 @@ def test_safe_settings_pass():
         ({"local_hostnames": ["localhost", "evil.example"]}, "local_hostnames adds evil.example"),
         ({"insecure_writes": True}, "JUPYTER_ALLOW_INSECURE_WRITES"),
         ({"gateway_url": "http://gw"}, "remote gateway"),
+        ({"websocket_url": "ws://evil.example"}, "websocket_url"),
     ],
 )
 def test_unsafe_settings_are_refused(change, expected):

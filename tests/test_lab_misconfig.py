@@ -120,6 +120,8 @@ CASES: dict[str, Case] = {
     "jupyter_cors_header": Case(
         "jupyter", ["--ServerApp.tornado_settings={'headers': {'Access-Control-Allow-Origin': '*'}}"],
         "Access-Control-Allow-Origin"),
+    "jupyter_websocket_url_elsewhere": Case("jupyter", ["--ServerApp.websocket_url=ws://evil.example:8888"],
+                                            "websocket_url"),
     "jupyter_gateway": Case("jupyter", ["--gateway-url=http://gateway.example:8888"], "remote gateway"),
     # Without config files (JUPYTER_NO_CONFIG) the --config file is still the one loaded.
     "jupyter_no_config_env": Case("jupyter", ["--ServerApp.disable_check_xsrf=True"], "XSRF protection is disabled",
@@ -142,7 +144,7 @@ CASES: dict[str, Case] = {
     "config_path_login_handler": Case("lab", [], "login/logout handlers", files={
         "<path>/jupyter_config.py": "c.IdentityProvider.login_handler_class = "
                                     "'jupyter_server.auth.login.LegacyLoginHandler'\n"}),
-    "config_path_disables_guard_origin": Case("lab", [], "allow_origin='*'", files={
+    "config_path_disables_guard_origin": Case("lab", [], "tornado_settings sets 'allow_origin'", files={
         "<path>/jupyter_config.py": "c.ServerApp.jpserver_extensions = {'workbench.lab_guard': False}\n"
                                     "c.ServerApp.tornado_settings = {'allow_origin': '*'}\n"}),
     "user_config_tornado_xsrf_cookies_off": Case("lab", [], "XSRF protection is disabled", files={

@@ -272,7 +272,7 @@ def check_settings(settings: Mapping[str, object]) -> None:
     allow_origin_pat, allow_remote_access, nbconvert_csp_sandbox, euid,
     allow_unauthenticated_access, allow_password_change, tornado_settings, headers,
     local_hostnames, identity_provider_ok, identity_provider, auth_handlers, runtime_dir,
-    insecure_writes, gateway_url.
+    insecure_writes, gateway_url, websocket_url.
     """
     token = str(settings.get("token") or "")
     hashed_password = str(settings.get("hashed_password") or "")
@@ -364,6 +364,12 @@ def check_settings(settings: Mapping[str, object]) -> None:
             "ServerApp.nbconvert_csp_sandbox=False lets exported notebooks run script in the "
             "server's origin (CVE-2026-44727).",
             "remove nbconvert_csp_sandbox from the command line and the Jupyter config files.",
+        )
+    if settings.get("websocket_url"):
+        raise LabConfigError(
+            f"ServerApp.websocket_url={settings['websocket_url']!r} sends the browser's kernel and "
+            "terminal connections, with their credentials, to another address.",
+            "remove websocket_url; the browser then connects to this server itself.",
         )
     if settings.get("insecure_writes"):
         raise LabConfigError(
@@ -527,6 +533,7 @@ def effective_settings(serverapp) -> dict[str, object]:
         "nbconvert_csp_sandbox": pick("nbconvert_csp_sandbox", True),
         "insecure_writes": os.environ.get("JUPYTER_ALLOW_INSECURE_WRITES", "").lower() in ("1", "true"),
         "gateway_url": (gateway.url or "") if gateway is not None and gateway.gateway_enabled else "",
+        "websocket_url": serverapp.websocket_url or "",
         "runtime_dir": serverapp.runtime_dir,
         "euid": os.geteuid(),
     }
