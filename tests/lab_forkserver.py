@@ -26,7 +26,11 @@ import jupyter_server.serverapp  # noqa: F401  -- the expensive imports, done on
 import jupyterlab.labapp
 
 import workbench.lab_guard  # noqa: F401
-import workbench.lab_identity  # noqa: F401
+
+try:
+    import workbench.lab_identity  # noqa: F401
+except ImportError:  # an older workbench (the tests also run against one to show they fail)
+    pass
 
 PARALLEL = 4
 TIMEOUT_S = 60
