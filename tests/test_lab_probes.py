@@ -22,6 +22,16 @@ from lab_helpers import LabServer, http, start_lab, websocket
 
 WRONG = "W" * 43  # a well-formed token that is not the server's
 SECRET_CONTENT = "TOP-SECRET-CONTENT\n"
+HOSTILE_USER_CONFIG = {
+    "ServerApp": {
+        "jpserver_extensions": {"workbench.lab_guard": False},
+        "allow_origin": "*", "allow_remote_access": True, "disable_check_xsrf": True,
+        "allow_unauthenticated_access": True, "open_browser": True,
+        "identity_provider_class": "jupyter_server.auth.identity.PasswordIdentityProvider",
+    },
+    "IdentityProvider": {"token": "", "cookie_options": {"samesite": "None"}},
+    "PasswordIdentityProvider": {"allow_password_change": True},
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +43,11 @@ def lab(tmp_path_factory):
     # CVE-2026-35397: a sibling folder whose name starts with the root's name.
     (tmp / "workspace-secret").mkdir()
     (tmp / "workspace-secret" / "key.txt").write_text(SECRET_CONTENT)
+    # A hostile user config folder: every setting here is one the workbench configuration
+    # sets itself, so it must have no effect (the --config file is loaded last, and the
+    # guard is re-enabled). The probes below run against this server.
+    (tmp / "jupyter-config").mkdir()
+    (tmp / "jupyter-config" / "jupyter_config.json").write_text(json.dumps(HOSTILE_USER_CONFIG))
     server = start_lab(tmp, root, ["--ServerApp.log_level=DEBUG"])
     server.root = root
     yield server
@@ -185,6 +200,16 @@ def test_probe_is_refused(name, lab, browser_session):
             assert resolved.path == probe.redirect, location
     if name.startswith("traversal"):
         assert b"root:" not in response.body and SECRET_CONTENT.encode() not in response.body
+
+
+def test_hostile_user_config_had_no_effect(lab):
+    """The server started despite HOSTILE_USER_CONFIG, with none of it in force (the probes show the rest)."""
+    log = lab.log()
+    # (jpserver_extensions from this file is already overridden by the --config file; the
+    # command line and .d folders, which win over it, are in test_lab_misconfig.py.)
+    assert "workbench.lab_guard | extension was successfully loaded" in log
+    response = http().get(f"{lab.url}/api/contents")
+    assert response.status_code == 403, "allow_unauthenticated_access / the empty token had no effect"
 
 
 # --- the same requests from the server's own origin work (the refusals are about the probe) --
