@@ -163,6 +163,20 @@ def test_token_file_missing_or_short(tmp_path):
         lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
 
 
+def test_token_file_of_another_user_says_whose_it_must_be(tmp_path, monkeypatch):
+    path = tmp_path / "token"
+    path.write_text(GOOD_TOKEN)
+    path.chmod(0o600)
+
+    def unreadable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(path), "read_text", unreadable)
+    with pytest.raises(LabConfigError, match="cannot be read by uid") as info:
+        lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
+    assert "chown" in info.value.fix and "chmod 600" in info.value.fix
+
+
 def test_env_token_wins_over_file_and_generation():
     choice = lab_guard.resolve_token({"JUPYTER_TOKEN": GOOD_TOKEN, "JUPYTER_TOKEN_FILE": "/nope"})
     assert choice.source == "JUPYTER_TOKEN"

@@ -153,7 +153,17 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
             "other users can read or change the token.",
             f"run `chmod 600 {path}` so that only its owner can read it.",
         )
-    return _check_token(path.read_text(encoding="utf-8"), f"JUPYTER_TOKEN_FILE ({path})")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        # A compose secret is the host file as it is: it must belong to the image's user.
+        raise LabConfigError(
+            f"JUPYTER_TOKEN_FILE={str(path)!r} (owner uid {info.st_uid}) cannot be read by uid "
+            f"{os.geteuid()} ({exc.strerror}).",
+            f"give the file to the server's user (`chown {os.geteuid()} {path}`, or build the image "
+            "with your uid: WORKBENCH_UID), keeping `chmod 600`.",
+        ) from exc
+    return _check_token(text, f"JUPYTER_TOKEN_FILE ({path})")
 
 
 def resolve_token(environ: Mapping[str, str] | None = None) -> TokenChoice:
