@@ -100,6 +100,32 @@ def make_reviews(n: int, seed: int) -> list[dict]:
     return rows
 
 
+def make_phrases(n: int, seed: int) -> list[dict]:
+    """Short phrases of 3-20 words, like SST-2's (median ~10 tokens): the case where a
+    step is short (~0.3 s here) and the loop's fixed per-step costs show most."""
+    from workbench.synthetic import FILLER, NEGATIVE, NEUTRAL, POSITIVE
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = LABELS[i % 2]
+        target = rng.randint(3, 20)
+        words: list[str] = []
+        while len(words) < target:
+            if rng.random() < 0.6:
+                agrees = rng.random() < 0.8
+                pool = POSITIVE if (label == "positive") == agrees else NEGATIVE
+                words += f"{rng.choice(FILLER)} {rng.choice(pool)}".split()
+            else:
+                words += rng.choice(NEUTRAL).split()
+        rows.append({"text": " ".join(words[:target]), "label": label})
+    rng.shuffle(rows)
+    return rows
+
+
+TEXTS = {"sentences": make_reviews, "phrases": make_phrases}
+
+
 def padding_share(lengths, batches) -> float:
     real = sum(lengths[i] for batch in batches for i in batch)
     padded = sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
@@ -523,8 +549,27 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=None,
                         help="num_workers for (a) (default: TrainConfig's default)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--texts", default="sentences,phrases",
+                        help="text cases, comma-separated: sentences (median ~18 words), phrases (3-20 "
+                             "words, like SST-2); default both")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS})")
     args = parser.parse_args(argv)
+    cases = [c.strip() for c in args.texts.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in TEXTS]
+    if unknown:
+        parser.error(f"--texts: unknown case {unknown[0]!r}; use {', '.join(TEXTS)}")
+    report = None
+    for case in cases:
+        print(f"\n=== {case} ===", flush=True)
+        report = run_case(args, case, report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nsaved {args.out}")
+    return 0
+
+
+def run_case(args, case: str, report: dict | None) -> dict:
+    """Run every variant on one text case; returns ``report`` with this case added."""
     if args.quick:
         args.rows, args.eval_rows = 320, 160
     if args.repeats is None:
@@ -532,13 +577,13 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    rows = make_reviews(args.rows + args.eval_rows, seed=args.seed)
+    rows = TEXTS[case](args.rows + args.eval_rows, seed=args.seed)
     train_rows, eval_rows = rows[:args.rows], rows[args.rows:]
     if args.sequential:
         plan = schedule(args.only, args.repeats)
     else:  # each of (a) and (c) with a (b) stepping alongside it
         plan = [f"{key}+b" for _ in range(args.repeats) for key in "ac" if key in args.only]
-    print(f"train_throughput: {args.rows} train / {args.eval_rows} eval rows, batch {args.batch_size}, "
+    print(f"train_throughput ({case}): {args.rows} train / {args.eval_rows} eval rows, batch {args.batch_size}, "
           f"lr {args.lr}, max_length {args.max_length}, fp32, {torch.get_num_threads()} torch threads, "
           f"{os.cpu_count()} CPUs; {'order' if args.sequential else 'pairs'} {' '.join(plan)}", flush=True)
 
@@ -601,9 +646,9 @@ def main(argv=None) -> int:
     print_table(summary)
     import transformers
 
-    report = {
-        "benchmark": "train_throughput",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    report = report or {"benchmark": "train_throughput", "cases": {}}
+    report["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    report["cases"][case] = {
         "conditions": {
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "platform": platform.platform(), "python": platform.python_version(),
@@ -612,15 +657,13 @@ def main(argv=None) -> int:
             "rows": args.rows, "eval_rows": args.eval_rows, "batch_size": args.batch_size, "lr": args.lr,
             "weight_decay": args.weight_decay, "warmup": args.warmup, "max_grad_norm": args.max_grad_norm,
             "max_length": args.max_length, "precision": "fp32", "device": "cpu", "epochs": 1,
-            "seed": args.seed, "order": plan, "paired": not args.sequential,
+            "seed": args.seed, "order": plan, "paired": not args.sequential, "texts": case,
+            "median_words": statistics.median(len(r["text"].split()) for r in train_rows),
         },
         **summary,
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nsaved {args.out}")
-    return 0
+    return report
 
 
 if __name__ == "__main__":

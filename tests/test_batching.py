@@ -8,7 +8,6 @@ from datasets import ClassLabel, Dataset, Features, Value
 from workbench.batching import (
     LengthGroupedBatchSampler,
     build_label_mapping,
-    check_split,
     tokenize,
 )
 from workbench.errors import DataError
@@ -35,18 +34,6 @@ def test_unknown_eval_label_is_a_clear_error():
     evaluation = Dataset.from_dict({"text": ["a"], "label": ["neutral"]})
     with pytest.raises(DataError, match="never seen in train: 'neutral'"):
         build_label_mapping(train, evaluation, "label")
-
-
-def test_missing_column_names_available_columns():
-    ds = Dataset.from_dict({"sentence": ["a"], "label": [0]})
-    with pytest.raises(DataError, match="no text column 'text'; available columns: sentence, label"):
-        check_split(ds, "train", ("text",), "label")
-
-
-def test_empty_split_is_an_error():
-    ds = Dataset.from_dict({"text": [], "label": []})
-    with pytest.raises(DataError, match="empty"):
-        check_split(ds, "train", ("text",), "label")
 
 
 def test_tokenize_truncates_and_does_not_pad(tiny_bert):

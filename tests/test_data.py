@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from workbench import data
 from workbench.config import DatasetChoice
 from workbench.data import (
     check_utf8,
@@ -374,3 +375,20 @@ def test_check_texts_is_fast_on_clean_views_and_names_a_non_text_column():
         check_texts(Dataset.from_dict({"text": [1, 2], "label": [0, 1]}), ["text"])
     with pytest.raises(DataError, match=r"2 value\(s\) with no text .*\(2 missing;"):
         check_texts(Dataset.from_dict({"text": [None, None], "label": [0, 1]}), ["text"])
+
+
+# -- check_split: the one owner of the data checks (loading and fit use it) --------------
+def test_missing_column_names_available_columns():
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"sentence": ["a"], "label": [0]})
+    with pytest.raises(DataError, match="column 'text' is not in split 'train'; available columns: sentence, label"):
+        data.check_split(ds, "train", ("text",), "label")
+
+
+def test_empty_split_is_an_error():
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"text": [], "label": []})
+    with pytest.raises(DataError, match="empty"):
+        data.check_split(ds, "train", ("text",), "label")

@@ -42,24 +42,6 @@ class LabelMapping:
         return {value: i for i, value in enumerate(self.values)}
 
 
-def check_split(ds, split: str, text_columns: Sequence[str], label_column: str) -> None:
-    """Columns present and at least one row, or a DataError naming what is there."""
-    if ds is None:
-        raise DataError(f"The dataset has no '{split}' split.",
-                        "pass a DatasetDict with 'train' and 'validation' splits.")
-    available = ", ".join(ds.column_names)
-    for column in (*text_columns, label_column):
-        if column not in ds.column_names:
-            kind = "label" if column == label_column else "text"
-            raise DataError(
-                f"The {split} split has no {kind} column {column!r}; available columns: {available}.",
-                f"pass text_columns=[...] / label_column='...' naming one of: {available}.",
-            )
-    if len(ds) == 0:
-        raise DataError(f"The {split} split is empty (0 rows).",
-                        "check the file or split name, or the max_*_rows caps.")
-
-
 def build_label_mapping(train, evaluation, label_column: str) -> LabelMapping:
     """Label values of the train split -> ids; eval values outside them are a DataError.
 

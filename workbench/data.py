@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.config import DatasetChoice
 from workbench.errors import DataError
+from workbench.hub import is_offline
 from workbench.sources import looks_like_local_path, nearby
 
 if TYPE_CHECKING:  # datasets is imported lazily: it takes ~1 s
@@ -302,6 +303,16 @@ def _load_error(builder: str, splits: dict[str, list[str]], error: Exception) ->
     )
 
 
+def _datasets_offline() -> bool:
+    """datasets' own switch (HF_DATASETS_OFFLINE), read by datasets itself."""
+    try:
+        from datasets import config
+
+        return bool(config.HF_HUB_OFFLINE)
+    except (ImportError, AttributeError):
+        return False
+
+
 def load_hub(name: str, config_name: str | None = None) -> DatasetDict:
     """Load a hub dataset (all splits); offline or unknown names become a DataError."""
     import datasets
@@ -310,8 +321,7 @@ def load_hub(name: str, config_name: str | None = None) -> DatasetDict:
         loaded = datasets.load_dataset(name, config_name)
     except Exception as e:
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes")
-                      for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+        offline = is_offline() or _datasets_offline()
         hint = (
             "the hub is switched off here (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE); load it once"
             " where the hub is reachable so it is cached, or point to local files."
@@ -429,6 +439,20 @@ def check_columns(ds: Dataset, text_columns: Sequence[str], label_column: str,
     check_texts(ds, text_columns, split)
 
 
+def check_split(ds: Dataset | None, split: str, text_columns: Sequence[str], label_column: str, *,
+                min_classes: int = 2) -> list[Any]:
+    """Everything a split of classification data must be: present, with rows, the columns,
+    texts to read and usable labels (``check_columns`` and ``check_labels``); its classes."""
+    if ds is None:
+        raise DataError(f"The dataset has no '{split}' split.",
+                        "pass a DatasetDict with 'train' and 'validation' splits.")
+    if len(ds) == 0:  # first: the columns of an empty split have no types to check
+        raise DataError(f"The {split} split is empty (0 rows).",
+                        "check the file or split name, or the max_*_rows caps.")
+    check_columns(ds, text_columns, label_column, split)
+    return check_labels(ds, label_column, split, min_classes=min_classes)
+
+
 def check_texts(ds: Dataset, text_columns: Sequence[str], split: str = "train") -> None:
     """Every text cell holds something to read: no nulls, no empty or whitespace-only strings.
 
@@ -490,8 +514,9 @@ def _is_integer_text(value: str) -> bool:
 
 
 def check_labels(ds: Dataset, label_column: str, split: str = "train",
-                 missing_markers: Collection[str] = ()) -> list[Any]:
-    """Labels are one type, without gaps, with at least two classes; returns the sorted classes.
+                 missing_markers: Collection[str] = (), *, min_classes: int = 2) -> list[Any]:
+    """Labels are one type, without gaps, with at least ``min_classes`` classes; returns the
+    sorted classes. A training split needs two; a small eval split may hold one.
 
     ``missing_markers``: strings that mean "no label" here (``MISSING_MARKERS`` for CSV/TSV,
     whose cells are read as written).
@@ -540,7 +565,7 @@ def check_labels(ds: Dataset, label_column: str, split: str = "train",
                 "sequence classification needs class labels: integers or names.",
             )
     classes = sorted(set(values), key=lambda v: (str(type(v)), v))
-    if len(classes) < 2:
+    if len(classes) < min_classes:
         raise DataError(
             f"label column {label_column!r} has a single class ({classes[0]!r}) in split {split!r}.",
             "a classifier needs at least two classes: check the label column, or that the file"
@@ -640,7 +665,7 @@ def load_choice(choice: DatasetChoice) -> DatasetDict:
     else:
         validation = raw[eval_split]
         check_columns(validation, choice.text_columns, choice.label_column, eval_split)
-        eval_classes = check_labels_loose(validation, choice.label_column, eval_split, markers)
+        eval_classes = check_labels(validation, choice.label_column, eval_split, markers, min_classes=1)
         if type(eval_classes[0]) is not type(classes[0]):
             raise DataError(
                 f"labels are {type(classes[0]).__name__} in train but "
@@ -657,14 +682,3 @@ def load_choice(choice: DatasetChoice) -> DatasetDict:
     train = _cap(train.select_columns(keep), choice.max_train_rows, choice.seed)
     validation = _cap(validation.select_columns(keep), choice.max_eval_rows, choice.seed)
     return DatasetDict(train=train, validation=validation)
-
-
-def check_labels_loose(ds: Dataset, label_column: str, split: str,
-                       missing_markers: Collection[str] = ()) -> list[Any]:
-    """Like check_labels, but one class is fine (a small eval split may hold one)."""
-    try:
-        return check_labels(ds, label_column, split, missing_markers)
-    except DataError as e:
-        if "single class" not in e.message:
-            raise
-        return sorted(set(label_values(ds, label_column)), key=str)

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import ModelError
+from workbench.hub import is_offline
 
 WEIGHT_FILES = (
     "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
@@ -218,18 +219,6 @@ class ModelInfo:
                 f"max positions {self.max_position_embeddings}, vocabulary {self.vocab_size}")
 
 
-def _offline() -> bool:
-    truthy = ("1", "true", "yes", "on")
-    if any(os.environ.get(v, "").lower() in truthy for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
-        return True
-    try:
-        from huggingface_hub import constants
-
-        return bool(constants.HF_HUB_OFFLINE)
-    except Exception:
-        return False
-
-
 def _config_value(config: Any, *names: str) -> int | None:
     for name in names:
         value = getattr(config, name, None)
@@ -275,7 +264,7 @@ def load_config(name_or_path: str, revision: str | None = None):
         if source == "folder":
             raise ModelError(f"{path}/config.json cannot be read: {_first_line(e)}",
                              "write the model again with save_pretrained.") from None
-        if _offline():
+        if is_offline():
             raise ModelError(
                 f"model {text!r} is not in the local cache and the hub is offline (HF_HUB_OFFLINE=1).",
                 "pick a listed model or a local folder, or download it once where the hub is"
@@ -409,13 +398,19 @@ def activation_bytes(*, batch_size: int, seq_len: int, hidden_size: int, num_lay
 
 
 def resolve_precision_name(precision: str, device: Any = None) -> str:
-    """'auto' -> bf16 on compute capability >= 8, fp16 on older GPUs, fp32 without a GPU."""
+    """The precision a run would use on ``device`` (a workbench.gpu DeviceInfo, None = no GPU).
+
+    "auto" is decided by ``workbench.precision.resolve_precision``, the one owner of that
+    policy; an explicit choice is estimated as asked (the estimate may be for another machine).
+    """
     if precision != "auto":
         return precision
+    from workbench.precision import DeviceFacts, resolve_precision
+
     capability = getattr(device, "compute_capability", None)
-    if device is None:
-        return "fp32"
-    return "bf16" if capability and capability[0] >= 8 else "fp16"
+    facts = DeviceFacts(cuda=device is not None, bf16=bool(capability and capability[0] >= 8),
+                        name=getattr(device, "name", "cpu"))
+    return resolve_precision("auto", facts)
 
 
 def estimate_vram(model: str | ModelInfo, *, batch_size: int = 16, seq_len: int = 256,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from workbench import batching, model_checks
 from workbench.config import ModelChoice, TrainConfig
-from workbench.data import check_texts
+from workbench.data import check_split
 from workbench.errors import DataError, ModelError
 from workbench.hub import OFFLINE_FIX, is_offline
 from workbench.metrics import classification_metrics
@@ -41,9 +41,8 @@ class ClassificationTask:
             raise DataError(f"data must be a DatasetDict with 'train' and 'validation' splits, "
                             f"not {type(splits).__name__}.",
                             "pass a DatasetDict, a DatasetChoice, or a path to local files.")
-        for split in ("train", "validation"):
-            batching.check_split(splits.get(split), split, self.text_columns, self.label_column)
-            check_texts(splits[split], self.text_columns, split)  # empty and whitespace-only texts
+        for split, min_classes in (("train", 2), ("validation", 1)):  # a small eval split may hold one class
+            check_split(splits.get(split), split, self.text_columns, self.label_column, min_classes=min_classes)
         self._sample_texts = model_checks.sample_texts(splits["train"], self.text_columns)
         self.labels = batching.build_label_mapping(splits["train"], splits["validation"], self.label_column)
         self.data_fingerprint = fingerprint(splits["train"], (*self.text_columns, self.label_column))
