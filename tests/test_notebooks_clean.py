@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench.regress import BASELINES_FILE, PROFILES_FILE, load_baselines, load_profiles
+from workbench.notebook_regression.baselines import BASELINES_FILE, load_baselines
+from workbench.notebook_regression.profiles import PROFILES_FILE, load_profiles, notebook_parameters
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -70,8 +71,6 @@ def test_is_in_the_ci_profile(path):
 
 
 def test_profiles_name_existing_notebooks_and_known_parameters():
-    from workbench.regress import notebook_parameters
-
     problems = []
     for profile in load_profiles(REPO / PROFILES_FILE).values():
         for notebook, params in profile.notebooks.items():

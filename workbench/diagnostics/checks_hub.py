@@ -7,8 +7,8 @@ import threading
 import urllib.error
 import urllib.request
 
-from workbench.doctor.facts import HubFacts
-from workbench.doctor.report import ERROR, OK, WARN, CheckResult
+from workbench.diagnostics.facts import HubFacts
+from workbench.diagnostics.report import ERROR, OK, WARN, CheckResult
 
 HUB_TIMEOUT_S = 2.0
 

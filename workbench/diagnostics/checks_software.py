@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.doctor.facts import TorchFacts
-from workbench.doctor.report import ERROR, OK, WARN, CheckResult
-from workbench.doctor.values import _version_tuple
+from workbench.diagnostics.facts import TorchFacts
+from workbench.diagnostics.report import ERROR, OK, WARN, CheckResult
+from workbench.diagnostics.values import _version_tuple
 
 MIN_PYTHON = (3, 10)
 

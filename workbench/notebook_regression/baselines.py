@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import RegressionError
-from workbench.regress.checks import is_number, load_yaml, non_negative
+from workbench.notebook_regression.checks import is_number, load_yaml, non_negative
 
 BASELINES_FILE = Path("environment/regress_baselines.yaml")
 DIRECTIONS = ("higher", "lower", "equal")

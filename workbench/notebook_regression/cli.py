@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from workbench.regress.baselines import BASELINES_FILE
-from workbench.regress.profiles import PROFILES_FILE
-from workbench.regress.run import DEFAULT_OUTPUT_DIR, regress
+from workbench.notebook_regression.baselines import BASELINES_FILE
+from workbench.notebook_regression.profiles import PROFILES_FILE
+from workbench.notebook_regression.run import DEFAULT_OUTPUT_DIR, regress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import RegressionError
-from workbench.regress.checks import load_yaml, positive
+from workbench.notebook_regression.checks import load_yaml, positive
 
 PROFILES_FILE = Path("environment/regress_profiles.yaml")
 DEFAULT_CELL_TIMEOUT_S = 600.0

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.regress.baselines import Baseline, MetricResult
+from workbench.notebook_regression.baselines import Baseline, MetricResult
 
 
 @dataclass

@@ -9,25 +9,25 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from workbench.errors import RegressionError
-from workbench.regress.baselines import BASELINES_FILE, load_baselines
-from workbench.regress.checks import positive
-from workbench.regress.console import Log, print_line
-from workbench.regress.kernels import resolve_kernel
-from workbench.regress.placeholders import (
+from workbench.notebook_regression.baselines import BASELINES_FILE, load_baselines
+from workbench.notebook_regression.checks import positive
+from workbench.notebook_regression.console import Log, print_line
+from workbench.notebook_regression.kernels import resolve_kernel
+from workbench.notebook_regression.placeholders import (
     fill_placeholders,
     placeholders_in,
     prepare_placeholders,
 )
-from workbench.regress.profiles import (
+from workbench.notebook_regression.profiles import (
     PROFILES_FILE,
     Profile,
     load_profiles,
     notebook_parameters,
     select_notebooks,
 )
-from workbench.regress.report import RegressReport
-from workbench.regress.runner import Runner, Task
-from workbench.regress.update_baselines import write_updated_baselines
+from workbench.notebook_regression.report import RegressReport
+from workbench.notebook_regression.runner import Runner, Task
+from workbench.notebook_regression.update_baselines import write_updated_baselines
 
 DEFAULT_OUTPUT_DIR = Path("regress-out")
 # Set for every kernel; a profile's `env` adds to (and may override) these.
