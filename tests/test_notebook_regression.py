@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from workbench.errors import RegressionError
+from workbench.notebook_regression import bundled
 from workbench.notebook_regression.baselines import (
-    BASELINES_FILE,
     Baseline,
     compare_metric,
     compare_metrics,
@@ -38,7 +38,6 @@ from workbench.notebook_regression.placeholders import (
     prepare_placeholders,
 )
 from workbench.notebook_regression.profiles import (
-    PROFILES_FILE,
     Profile,
     load_profiles,
     notebook_parameters,
@@ -47,8 +46,10 @@ from workbench.notebook_regression.profiles import (
 from workbench.notebook_regression.run import regress
 from workbench.notebook_regression.runner import KILL_GRACE_S, kill_tree
 
-FIXTURES = Path(__file__).parent / "fixtures" / "regress"
-FIXTURE_ARGS = ["--root", str(FIXTURES), "--profiles-file", "profiles.yaml", "--profile", "fixtures"]
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "regress"
+FIXTURE_ARGS = ["--notebooks-dir", str(FIXTURES), "--profiles-file", str(FIXTURES / "profiles.yaml"),
+                "--profile", "fixtures"]  # fmt: skip
 DEADLINE_S = 15  # long enough for a kernel to start on a loaded machine
 
 
@@ -345,12 +346,37 @@ def test_missing_baselines_file_means_no_baselines(tmp_path):
 
 
 def test_shipped_profiles_and_baselines_load():
-    root = Path(__file__).resolve().parents[1]
-    profiles = load_profiles(root / PROFILES_FILE)
+    profiles = load_profiles(bundled.profiles_file())
     assert {"ci", "full"} <= set(profiles)
     for name in profiles:
-        baselines = load_baselines(root / BASELINES_FILE, name)
+        baselines = load_baselines(bundled.baselines_file(), name)
         assert set(baselines) <= set(profiles[name].notebooks), name
+
+
+def test_shipped_files_are_the_checkouts_own_in_its_editable_install():
+    # So a checkout edits, runs and updates its own files, from any working folder.
+    assert bundled.notebooks_dir() == REPO / "notebooks"
+    assert bundled.profiles_file() == REPO / "workbench" / "notebook_regression" / "profiles.yaml"
+    assert bundled.baselines_file().parent == bundled.profiles_file().parent
+    assert not bundled.is_installed_copy(bundled.baselines_file())
+    bundled.check_baselines_writable(bundled.baselines_file())  # the checkout's: allowed
+
+
+def test_update_baselines_refuses_a_file_installed_by_pip(tmp_path, monkeypatch):
+    assert bundled.is_installed_copy(yaml.__file__)  # a real package in this venv's site-packages
+    site_packages = tmp_path / "site-packages"
+    installed = site_packages / "workbench" / "notebook_regression" / "baselines.yaml"
+    installed.parent.mkdir(parents=True)
+    shutil.copy(FIXTURES / "baselines.yaml", installed)
+    monkeypatch.setattr(bundled, "install_dirs", lambda: [site_packages.resolve()])
+    with pytest.raises(RegressionError, match="installed with the workbench package") as info:
+        regress("fixtures", notebooks_dir=FIXTURES, profiles_file=FIXTURES / "profiles.yaml",
+                baselines_file=installed, update_baselines=True, output_dir=tmp_path / "o")  # fmt: skip
+    assert "--baselines-file" in info.value.fix
+    assert not (tmp_path / "o").exists()  # refused before anything ran
+    bundled.check_baselines_writable(tmp_path / "mine.yaml")  # a file of the user's: allowed
+    with pytest.raises(RegressionError, match="not writable"):
+        bundled.check_baselines_writable(tmp_path / "no-such-folder" / "mine.yaml")
 
 
 def test_select_notebooks_by_path_name_stem_or_prefix():
@@ -386,14 +412,14 @@ def test_unknown_parameters_and_missing_notebooks_fail_before_any_kernel(tmp_pat
         f"profiles:\n  ci:\n    notebooks:\n      {FIXTURES}/records_metric.ipynb: {{acuracy: 1}}\n",
     )
     with pytest.raises(RegressionError, match="acuracy") as info:
-        regress("ci", root=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
+        regress("ci", notebooks_dir=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
     assert "accuracy" in str(info.value)  # lists what the parameters cell defines
     assert not (tmp_path / "o").exists()
     profiles.write_text("profiles:\n  ci:\n    notebooks:\n      nope.ipynb: {}\n")
     with pytest.raises(RegressionError, match="does not exist"):
-        regress("ci", root=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
+        regress("ci", notebooks_dir=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
     with pytest.raises(RegressionError, match="No profile 'gpu'"):
-        regress("gpu", root=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
+        regress("gpu", notebooks_dir=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
 
 
 def test_notebook_parameters_reads_the_tagged_cell():
@@ -469,6 +495,8 @@ def test_cli_options_map_onto_the_library():
     assert (args.profile, args.notebooks, args.jobs) == ("full", ["01", "02"], 3)
     assert (args.cell_timeout, args.notebook_timeout, args.kernel) == (30.0, 90.0, "k")
     assert args.update_baselines and args.output_dir == "regress-out"
+    # No default names a file: regress() takes the shipped ones, wherever the command runs.
+    assert args.notebooks_dir is args.profiles_file is args.baselines_file is None
 
 
 def test_worker_refuses_to_run_without_a_spec():
