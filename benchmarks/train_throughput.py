@@ -321,7 +321,7 @@ def run_workbench(args, train_rows, eval_rows, workdir: Path, partner: PlainLoop
     import workbench.train as engine
     from workbench import events
     from workbench.batching import LengthGroupedBatchSampler
-    from workbench.train import fit
+    from workbench.frontend import fit
 
     cpu_marks: dict[tuple, float] = {}  # (kind, step) -> process CPU seconds when it was written
 

@@ -2,7 +2,8 @@
 # Start script of the workbench image; tini (PID 1) runs it, it `exec`s the server.
 #
 #   (no arguments) or options only   start JupyterLab on $WORKBENCH_NOTEBOOK_DIR with the
-#                                    workbench configuration; the options are appended
+#                                    workbench configuration; the options are appended if
+#                                    the allow-list lets them through (check_server_options)
 #                                    (e.g. `docker run ... workbench --ServerApp.log_level=DEBUG`)
 #   any other command                run it instead (e.g. `workbench doctor`, `bash`)
 #
@@ -46,6 +47,21 @@ seed_notebooks() {
     done
 }
 
+# Extra server options go through the same allow-list as `workbench lab -- ...`
+# (workbench/lab.py: port, folders, base URL, browser, log level, rate limits). One list
+# in one place: anything about credentials, extensions, config files, origins, XSRF, the
+# Host check, headers or CSP stops the container here with the reason and the fix.
+# Sets server_options to the checked options, one --name=value each.
+server_options=()
+check_server_options() {
+    local checked
+    [ "$#" -gt 0 ] || return 0
+    checked=$("$WORKBENCH_PYTHON" -m workbench.lab --check-options -- "$@") || exit 2
+    if [ -n "$checked" ]; then
+        mapfile -t server_options <<< "$checked"
+    fi
+}
+
 run() {
     say "running: $*"
     if [ "${WORKBENCH_DRY_RUN:-0}" = 1 ]; then
@@ -59,6 +75,7 @@ if [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then
     run "$@"
 fi
 
+check_server_options "$@"
 prepare_dirs
 seed_notebooks
 cmd=("$WORKBENCH_PYTHON" -m jupyterlab)
@@ -71,4 +88,4 @@ if [ "$(id -u)" = 0 ] && [ "${WORKBENCH_ALLOW_ROOT:-0}" = 1 ]; then
     # Root was asked for explicitly; jupyter's own root check must agree.
     cmd+=(--allow-root)
 fi
-run "${cmd[@]}" "$@"
+run "${cmd[@]}" "${server_options[@]}"

@@ -47,6 +47,8 @@ def isolated_env(tmp: Path, **overrides: str | None) -> dict[str, str]:
         path = tmp / sub
         path.mkdir(parents=True, exist_ok=True)
         env[name] = str(path)
+    # The server refuses a runtime folder other users can open (it holds the token).
+    (tmp / "jupyter-runtime").chmod(0o700)
     env["PYTHONUNBUFFERED"] = "1"
     for name, value in overrides.items():
         if value is None:
@@ -72,6 +74,7 @@ class LabServer:
     def __init__(self, argv: list[str], env: dict[str, str], port: int, token: str, log_path: Path):
         self.port = port
         self.token = token
+        self.env = env
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         # A file, not a pipe: a full pipe would block the server. Closed in stop().
@@ -120,6 +123,48 @@ def start_lab(tmp: Path, notebook_dir: Path, extra_args: list[str] = (), **env_o
     if extra_args:
         argv += ["--", *extra_args]
     return LabServer(argv, env, port, token, tmp / "server.log").wait_ready()
+
+
+def lab_argv(port: int, notebook_dir: Path, *extra: str) -> list[str]:
+    """`workbench lab` on loopback ``port``; ``extra`` goes after ``--``."""
+    argv = [WORKBENCH, "lab", "--port", str(port), "--notebook-dir", str(notebook_dir)]
+    return argv + (["--", *extra] if extra else [])
+
+
+def jupyter_argv(port: int, *extra: str) -> list[str]:
+    """JupyterLab with the workbench configuration but without `workbench lab`'s allow-list:
+    what a user with a terminal (or a script) can start, so the guard alone must hold."""
+    argv = [sys.executable, "-m", "jupyterlab", f"--config={SERVER_CONFIG}", "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}"]
+    if os.geteuid() == 0:
+        argv.append("--allow-root")
+    return argv + list(extra)
+
+
+def websocket(url: str, headers: dict[str, str], send: str | None = None, expect: str = "") -> str:
+    """Open a websocket; returns "refused: ..." or "ok" once ``expect`` was read back."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    async def talk() -> str:
+        try:
+            conn = await websocket_connect(HTTPRequest(url, headers=headers, connect_timeout=10))
+        except Exception as exc:  # tornado raises HTTPClientError for the refused upgrade
+            return f"refused: {exc!r}"
+        if send is not None:
+            conn.write_message(send)
+        seen = ""
+        for _ in range(50):
+            message = await asyncio.wait_for(conn.read_message(), 10)
+            seen += message or ""
+            if expect in seen.split("echo", 1)[-1]:
+                break
+        conn.close()
+        return "ok" if expect in seen.split("echo", 1)[-1] else f"no {expect!r} in {seen[-300:]!r}"
+
+    return asyncio.run(talk())
 
 
 def run_to_exit(argv: list[str], env: dict[str, str], timeout: float = START_TIMEOUT_S):

@@ -74,7 +74,7 @@ def test_sentence_pairs_keep_token_types(tiny_bert):
 
 def test_task_collator_pads_each_batch_to_its_own_longest_row():
     from workbench.synthetic import train_tokenizer
-    from workbench.train import ClassificationTask
+    from workbench.tasks.classification import ClassificationTask
 
     tokenizer = train_tokenizer()
     ds = Dataset.from_dict({"text": ["the film is great", "dull"], "label": ["positive", "negative"]})

@@ -13,39 +13,82 @@ from workbench import checkpoint
 from workbench.errors import CheckpointError
 
 
-def _save(out, step, keep=None):
-    objects = {"model": {"w": torch.full((3,), float(step))}, "rng": checkpoint.rng_state()}
-    return checkpoint.save_checkpoint(out, step, objects, {"step": step}, {"seed": 1}, keep=keep)
+@pytest.fixture
+def acc():
+    """A real single-process Accelerator with a small model, optimizer and schedule prepared."""
+    from accelerate import Accelerator
+
+    from workbench.distributed import reset_accelerate_state
+
+    reset_accelerate_state()
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (step + 1))
+    accelerator.model, accelerator.opt, accelerator.sched = accelerator.prepare(model, optimizer, scheduler)
+    yield accelerator
+    reset_accelerate_state()
 
 
-def test_save_and_load_roundtrip(tmp_path):
-    path = _save(tmp_path, 7)
+def _train_one_step(acc):
+    acc.backward(acc.model(torch.ones(4, 3)).sum())
+    acc.opt.step()
+    acc.sched.step()
+    acc.opt.zero_grad()
+
+
+def _save(acc, out, step, keep=None):
+    with torch.no_grad():
+        acc.model.weight.fill_(float(step))
+    return checkpoint.save_checkpoint(acc, out, step, {"step": step}, {"seed": 1}, keep=keep)
+
+
+def test_save_and_load_roundtrip(acc, tmp_path):
+    _train_one_step(acc)  # AdamW moments and a schedule position worth restoring
+    path = _save(acc, tmp_path, 7)
     assert path.name == "step-000007"
     assert checkpoint.validate(path) is None
-    objects, state, record = checkpoint.load_checkpoint(path, ("model", "rng", "optimizer"))
-    assert objects["model"]["w"].tolist() == [7.0, 7.0, 7.0]
-    assert "optimizer" not in objects  # absent files are simply not loaded
+    saved_moments = acc.opt.state_dict()["state"][0]["exp_avg"].clone()
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    _train_one_step(acc)
+    with torch.no_grad():
+        acc.model.weight.zero_()
+    state, record = checkpoint.load_checkpoint(acc, path)
+    assert acc.model.weight.tolist() == [[7.0, 7.0, 7.0]]
+    assert torch.equal(acc.opt.state_dict()["state"][0]["exp_avg"], saved_moments)
+    assert acc.sched.scheduler.last_epoch == 1
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected  # RNG streams restored
     assert state == {"step": 7} and record == {"seed": 1}
     assert not any(p.name.startswith(".tmp-") for p in path.parent.iterdir())
 
 
-def test_newest_valid_checkpoint_wins_and_broken_ones_are_skipped(tmp_path):
-    _save(tmp_path, 2)
-    _save(tmp_path, 4)
-    newest = _save(tmp_path, 6)
+def test_a_checkpoint_of_an_older_format_is_not_resumed(acc, tmp_path):
+    path = _save(acc, tmp_path, 3)
+    manifest = json.loads((path / checkpoint.MANIFEST).read_text())
+    manifest["format"] = 1
+    (path / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="another workbench version") as info:
+        checkpoint.load_checkpoint(acc, path)
+    assert "resume=None" in info.value.fix
+
+
+def test_newest_valid_checkpoint_wins_and_broken_ones_are_skipped(acc, tmp_path):
+    _save(acc, tmp_path, 2)
+    _save(acc, tmp_path, 4)
+    newest = _save(acc, tmp_path, 6)
     # A crash mid-save: files written, no manifest yet (would be a .tmp- dir; be harsher).
     (newest / checkpoint.MANIFEST).unlink()
     with pytest.warns(UserWarning, match="step-000006"):
         assert checkpoint.latest_checkpoint(tmp_path).name == "step-000004"
     # A truncated file: sizes no longer match the manifest.
-    model_file = tmp_path / "checkpoints" / "step-000004" / "model.pt"
+    model_file = tmp_path / "checkpoints" / "step-000004" / "model.safetensors"
     model_file.write_bytes(model_file.read_bytes()[:10])
     with pytest.warns(UserWarning):
         assert checkpoint.latest_checkpoint(tmp_path).name == "step-000002"
 
 
-def test_temporary_folders_are_never_chosen_and_get_cleaned(tmp_path):
-    _save(tmp_path, 2)
+def test_temporary_folders_are_never_chosen_and_get_cleaned(acc, tmp_path):
+    _save(acc, tmp_path, 2)
     stale = tmp_path / "checkpoints" / ".tmp-step-000004-123"
     stale.mkdir()
     (stale / "model.pt").write_bytes(b"partial")
@@ -54,23 +97,23 @@ def test_temporary_folders_are_never_chosen_and_get_cleaned(tmp_path):
     assert not stale.exists()
 
 
-def test_only_the_newest_k_are_kept(tmp_path):
+def test_only_the_newest_k_are_kept(acc, tmp_path):
     for step in (1, 2, 3, 4):
-        _save(tmp_path, step, keep=2)
+        _save(acc, tmp_path, step, keep=2)
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step-000003", "step-000004"]
 
 
-def test_resaving_a_step_replaces_it(tmp_path):
-    _save(tmp_path, 3)
-    path = _save(tmp_path, 3)
+def test_resaving_a_step_replaces_it(acc, tmp_path):
+    _save(acc, tmp_path, 3)
+    path = _save(acc, tmp_path, 3)
     assert checkpoint.validate(path) is None
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step-000003"]
 
 
-def test_resolve_resume(tmp_path):
+def test_resolve_resume(acc, tmp_path):
     assert checkpoint.resolve_resume(tmp_path, None) is None
     assert checkpoint.resolve_resume(tmp_path, "auto") is None  # nothing yet: start fresh
-    path = _save(tmp_path, 5)
+    path = _save(acc, tmp_path, 5)
     assert checkpoint.resolve_resume(tmp_path, "auto") == path
     assert checkpoint.resolve_resume(tmp_path, str(path)) == path
     with pytest.raises(CheckpointError, match="resume='auto'"):
@@ -99,8 +142,8 @@ def test_run_record_and_changes():
     assert checkpoint.compare_records(record, record) == []
 
 
-def test_unwritable_location_is_a_checkpoint_error(tmp_path):
+def test_unwritable_location_is_a_checkpoint_error(acc, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(CheckpointError, match="output_dir"):
-        _save(blocker, 1)
+        _save(acc, blocker, 1)

@@ -237,3 +237,140 @@ def test_split_refuses_a_class_with_one_row():
 )
 def test_suggest_columns(columns, expected):
     assert suggest_columns(columns) == expected
+
+
+# ---------------------------------------------------------------- text as written (issue 11)
+
+
+def write_rows_csv(path, rows, extra_lines=""):
+    import csv
+
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=["text", "label"])
+        writer.writeheader()
+        writer.writerows(rows)
+        f.write(extra_lines)
+    return path
+
+
+def test_na_and_none_in_a_csv_text_column_stay_text(tmp_path):
+    rows = make_rows(40)
+    rows[3]["text"], rows[4]["text"], rows[5]["text"], rows[6]["text"] = "NA", "None", "null", "N/A"
+    path = write_rows_csv(tmp_path / "d.csv", rows)
+    ds = load_choice(choice(path, validation_fraction=0.25))
+    texts = set(ds["train"]["text"]) | set(ds["validation"]["text"])
+    assert {"NA", "None", "null", "N/A"} <= texts
+
+
+def test_whitespace_only_text_is_rejected_like_an_empty_one(tmp_path):
+    rows = make_rows(40)
+    rows[7]["text"], rows[9]["text"] = "   ", "\t"
+    path = write_rows_csv(tmp_path / "d.csv", rows)
+    error = expect(path, r"text column 'text' has 2 value\(s\) with no text in split 'train'")
+    assert "whitespace-only" in error.message and "row(s) 7, 9" in error.message
+    assert "filter" in error.fix
+
+
+def test_blank_text_cell_is_reported_as_missing(tmp_path):
+    path = write_rows_csv(tmp_path / "d.csv", make_rows(20), ",positive\n")
+    error = expect(path, "1 value\\(s\\) with no text")
+    assert "1 missing" in error.message
+
+
+def test_check_texts_on_a_dataset_passed_directly():
+    from datasets import Dataset
+
+    from workbench.data import check_texts
+
+    ds = Dataset.from_dict({"text": ["fine", "  \n", "also fine"], "label": [0, 1, 0]})
+    with pytest.raises(DataError, match="row\\(s\\) 1,"):
+        check_texts(ds, ["text"], "validation")
+    check_texts(ds.select([0, 2]), ["text"])  # a view without the blank row is fine
+
+
+def test_na_in_a_csv_label_column_is_a_missing_label_named_as_written(tmp_path):
+    path = write_rows_csv(tmp_path / "d.csv", make_rows(20), "a film,NA\nanother film,NA\n")
+    error = expect(path, "label column 'label' has 2 empty value\\(s\\) in split 'train' \\(2 written as 'NA'\\)")
+    assert "really is a class" in error.fix
+
+
+# ---------------------------------------------------------------- local path or hub id (issue 11)
+
+
+def test_a_missing_path_like_string_is_file_not_found_not_the_hub(tmp_path, monkeypatch):
+    from workbench.data import resolve_data_source
+
+    monkeypatch.chdir(tmp_path)
+    write_csv(tmp_path / "data" / "train.csv", 10)
+    for text in ("data/trian.csv", "path/that/does/not/exist.csv", "./nope", "~/nope/x", "my data.csv"):
+        with pytest.raises(DataError, match="file not found") as info:
+            resolve_data_source(text)
+        assert text.lstrip("./~") in info.value.message and "hub" not in info.value.message
+    with pytest.raises(DataError) as info:
+        resolve_data_source("data/trian.csv")
+    assert "train.csv" in info.value.message  # what is there, to spot the typo
+    assert resolve_data_source("data/train.csv") == "files"
+    assert resolve_data_source("data") == "files"
+    for hub_id in ("stanfordnlp/sst2", "imdb", "glue"):
+        assert resolve_data_source(hub_id) == "hub"
+
+
+def test_a_path_given_as_a_hub_choice_says_file_not_found(tmp_path):
+    from workbench.data import load_raw
+
+    missing = tmp_path / "path" / "that" / "does" / "not" / "exist.csv"
+    with pytest.raises(DataError, match="file not found") as info:
+        load_raw(DatasetChoice(source="hub", path=str(missing)))
+    assert str(missing) in info.value.message and "offline" not in str(info.value)
+
+
+def test_fit_with_a_missing_csv_path_says_file_not_found(tiny_bert, tmp_path):
+    import workbench
+
+    with pytest.raises(DataError, match="file not found: path/that/does/not/exist.csv") as info:
+        workbench.fit(str(tiny_bert), "path/that/does/not/exist.csv", output_dir=str(tmp_path / "out"),
+                      progress="none")
+    assert "offline" not in str(info.value)
+
+
+# ---------------------------------------------------------------- delimiter vs extension (issue 11)
+
+
+def test_tsv_named_csv_says_rename_it(tmp_path):
+    rows = make_rows(30)
+    rows[13]["text"] = "slow, but moving"  # pandas: "Expected 1 fields in line 15, saw 2"
+    path = tmp_path / "reviews.csv"
+    path.write_text("text\tlabel\n" + "".join(f"{r['text']}\t{r['label']}\n" for r in rows), encoding="utf-8")
+    error = expect(path, "looks tab-separated")
+    assert "reviews.tsv" in error.fix and "rename" in error.fix
+    path.rename(tmp_path / "reviews.tsv")  # and the advice works
+    ds = load_choice(choice(tmp_path / "reviews.tsv"))
+    assert ds["train"].num_rows + ds["validation"].num_rows == 30
+
+
+def test_csv_named_tsv_and_semicolon_csv(tmp_path):
+    path = write_csv(tmp_path / "d.csv", 20)
+    path.rename(tmp_path / "d.tsv")
+    error = expect(tmp_path / "d.tsv", "looks comma-separated")
+    assert "d.csv" in error.fix
+    semi = tmp_path / "excel.csv"
+    semi.write_text("text;label\n" + "".join(f"{r['text'].replace(',', '')};{r['label']}\n"
+                                              for r in make_rows(20)), encoding="utf-8")
+    expect(semi, "looks semicolon-separated")
+
+
+def test_check_texts_is_fast_on_clean_views_and_names_a_non_text_column():
+    import time
+
+    from datasets import Dataset
+
+    from workbench.data import check_texts
+
+    big = Dataset.from_dict({"text": ["a few words"] * 300_000, "label": [0, 1] * 150_000}).shuffle(seed=0)
+    started = time.perf_counter()
+    check_texts(big, ["text"])
+    assert time.perf_counter() - started < 2.0  # the whole-table pass; no per-row Python
+    with pytest.raises(DataError, match="holds int64, not text"):
+        check_texts(Dataset.from_dict({"text": [1, 2], "label": [0, 1]}), ["text"])
+    with pytest.raises(DataError, match=r"2 value\(s\) with no text .*\(2 missing;"):
+        check_texts(Dataset.from_dict({"text": [None, None], "label": [0, 1]}), ["text"])

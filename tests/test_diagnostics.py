@@ -536,12 +536,30 @@ def test_running_server_without_token_or_password_is_an_error(tmp_path):
     assert "workbench lab" in result.fix and "JUPYTER_TOKEN" in result.fix
 
 
-@pytest.mark.parametrize("token, password", [("s3cret-token-value", False), ("", True)])
+@pytest.mark.parametrize("token, password", [("s3cret-Zq3v9XkP2mW8rT5yB7nL4cH6jD1fG0sA", False), ("", True)])
 def test_running_server_with_token_or_password_is_ok(tmp_path, token, password):
     write_server_info(tmp_path / "rt", token=token, password=password)
     facts = gather_jupyter(env={}, runtime_dir=str(tmp_path / "rt"))
     assert check_jupyter(facts).level == "ok"
     assert "s3cret" not in json.dumps(_plain(facts))  # the token itself never leaves
+
+
+def test_weak_token_of_a_running_server_is_a_warning(tmp_path):
+    write_server_info(tmp_path / "rt", token="a" * 40, password=False)
+    facts = gather_jupyter(env={}, runtime_dir=str(tmp_path / "rt"))
+    result = check_jupyter(facts)
+    assert result.level == "warn" and "predictable" in result.message and "token_urlsafe" in result.fix
+
+
+def test_in_a_kernel_the_token_comes_from_the_runtime_file(tmp_path):
+    """`workbench lab` keeps JUPYTER_TOKEN out of kernels: the doctor reads the server's file."""
+    write_server_info(tmp_path / "rt", token="s3cret-Zq3v9XkP2mW8rT5yB7nL4cH6jD1fG0sA", password=False)
+    kernel_env = {"JPY_PARENT_PID": "1", "JPY_SESSION_NAME": "/w/a.ipynb"}
+    ok = check_jupyter(gather_jupyter(env=kernel_env, runtime_dir=str(tmp_path / "rt")))
+    assert ok.level == "ok" and "runtime file" in ok.message
+    leaked = gather_jupyter(env={**kernel_env, "JUPYTER_TOKEN": "x" * 43}, runtime_dir=str(tmp_path / "rt"))
+    result = check_jupyter(leaked)
+    assert result.level == "warn" and "saves the token into the notebook" in result.message
 
 
 def test_dead_server_is_ignored(tmp_path):

@@ -180,16 +180,63 @@ def test_compose_hardening():
     assert "privileged" not in LAB and LAB.get("user") in (None, "1000:1000")
 
 
-def test_compose_token_from_env_file():
-    token = LAB["environment"]["JUPYTER_TOKEN"]
-    assert token.startswith("${JUPYTER_TOKEN:?"), "compose must stop when the token is missing"
+def test_compose_token_is_a_secret_file_not_a_variable():
+    """`docker inspect` shows environment variables: the token comes as a compose secret file."""
+    assert "JUPYTER_TOKEN" not in LAB["environment"]
+    assert LAB["environment"]["JUPYTER_TOKEN_FILE"] == "/run/secrets/jupyter_token"
+    assert LAB["secrets"] == ["jupyter_token"]
+    assert COMPOSE["secrets"]["jupyter_token"]["file"] == "${WORKBENCH_TOKEN_FILE:-./jupyter_token}"
     example = (DOCKER / ".env.example").read_text()
-    assert re.search(r"^JUPYTER_TOKEN=$", example, re.MULTILINE), "no real token in the example"
+    assert not re.search(r"^JUPYTER_TOKEN=", example, re.MULTILINE), "no token variable in the example"
+    assert "secrets.token_urlsafe(32)" in example and "chmod 600" in example
     used = set(re.findall(r"\$\{(\w+)", (DOCKER / "compose.yaml").read_text()))
     documented = set(re.findall(r"^#?\s*(\w+)=", example, re.MULTILINE))
     assert used - {"WORKBENCH_IMAGE"} <= documented, f"undocumented: {used - documented}"
-    ignored = subprocess.run(["git", "check-ignore", "-q", "docker/.env"], cwd=REPO)
-    assert ignored.returncode == 0, "docker/.env holds the token: it must be git-ignored"
+    for secret in ("docker/.env", "docker/jupyter_token"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", secret], cwd=REPO)
+        assert ignored.returncode == 0, f"{secret} holds a secret: it must be git-ignored"
+
+
+def test_compose_limits_processes():
+    assert LAB["pids_limit"] == "${WORKBENCH_PIDS_LIMIT:-4096}"
+
+
+def _docker_ignored(patterns: list[str], path: str) -> bool:
+    """Docker's .dockerignore rule: the last pattern that matches the path or a parent wins."""
+    from fnmatch import fnmatchcase
+
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    ignored = False
+    for line in patterns:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        pattern = line.lstrip("!").rstrip("/")
+        candidates = [pattern] + ([pattern[3:]] if pattern.startswith("**/") else [])
+        if any(fnmatchcase(prefix, p) for prefix in prefixes for p in candidates):
+            ignored = not negate
+    return ignored
+
+
+@pytest.mark.parametrize("ignore_file", [".dockerignore", "docker/Dockerfile.dockerignore"])
+def test_build_context_leaves_secrets_and_clutter_out(ignore_file):
+    patterns = (REPO / ignore_file).read_text().splitlines()
+    for path in ("docker/.env", "docker/jupyter_token", ".venv/bin/python", ".git/config", "outputs/run/model.bin",
+                 "notebooks/outputs/01/checkpoint.pt", "workbench/__pycache__/lab.cpython-311.pyc", "regress-out/x",
+                 ".env", "notebooks/.env"):
+        assert _docker_ignored(patterns, path), f"{ignore_file} lets {path} into the build context"
+    for path in ("pyproject.toml", "workbench/lab.py", "workbench/lab_config/jupyter_server_config.py",
+                 "environment/requirements-gpu.txt", "notebooks/01_quickstart.ipynb", "docker/entrypoint.sh"):
+        assert not _docker_ignored(patterns, path), f"{ignore_file} leaves out {path}, which the image copies"
+
+
+def test_both_ignore_files_agree():
+    def rules(name: str) -> list[str]:
+        return [ln for ln in (REPO / name).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+
+    assert rules(".dockerignore") == rules("docker/Dockerfile.dockerignore")
 
 
 def test_compose_volumes_match_the_image():
@@ -209,7 +256,8 @@ def test_compose_documents_memory_and_cpu_limits():
 
 def entrypoint(tmp_path: Path, *args: str, uid_root_allowed: bool = False, **env: str):
     base = {
-        "PATH": os.environ["PATH"],
+        # python3 is this environment's, which has the workbench (the allow-list is in it).
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "WORKBENCH_DRY_RUN": "1",
         "WORKBENCH_NOTEBOOK_DIR": str(tmp_path / "workspace"),
         "WORKBENCH_NOTEBOOKS_SOURCE": str(tmp_path / "shipped"),
@@ -264,6 +312,25 @@ def test_entrypoint_appends_options_and_runs_other_commands(workspace):
     assert not (workspace / "workspace" / "notebooks").exists(), "a command does not seed notebooks"
     done = entrypoint(workspace, "--ServerApp.log_level=DEBUG")
     assert done.stderr.strip().endswith("--ServerApp.log_level=DEBUG")
+
+
+@pytest.mark.parametrize("options", [
+    ["--ServerApp.jpserver_extensions=workbench.lab_guard=False", "--IdentityProvider.token="],
+    ["--config=/tmp/other.py"],
+    ["--ServerApp.allow_origin=*"],
+    ["--ServerApp.log_level", "--ServerApp.token="],
+])
+def test_entrypoint_refuses_options_outside_the_allow_list(workspace, options):
+    done = entrypoint(workspace, *options)
+    assert done.returncode == 2, done.stderr
+    assert "refusing the server options" in done.stderr and "Fix:" in done.stderr
+    assert "running:" not in done.stderr
+
+
+def test_entrypoint_passes_allowed_options_in_one_form(workspace):
+    done = entrypoint(workspace, "--port", "9000", "--ServerApp.base_url=/user/me/", "--debug")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().endswith("--port=9000 --ServerApp.base_url=/user/me/ --debug")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the --allow-root branch needs uid 0")

@@ -18,7 +18,7 @@ from traitlets.config import Config
 from workbench import lab, lab_guard
 from workbench.errors import LabConfigError
 
-GOOD_TOKEN = "t" * 43
+GOOD_TOKEN = "Zq3v9XkP2mW8rT5yB7nL4cH6jD1fG0sA-_eRuIoQpKx"  # 43 characters, as token_urlsafe(32) makes
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +27,7 @@ def clean_env(monkeypatch):
         if name.startswith(("JUPYTER_TOKEN", "WORKBENCH_")):
             monkeypatch.delenv(name)
     monkeypatch.setattr(lab_guard, "_generated_token", None)
+    monkeypatch.setattr(lab_guard, "_resolved", None)
     monkeypatch.setattr(lab_guard, "_url_printed", False)
 
 
@@ -34,6 +35,10 @@ def load_config(monkeypatch, euid: int = 1000, **env: str) -> Config:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(os, "geteuid", lambda: euid)
+    # Process-wide hooks (a patched ServerApp, a log record factory) are for the server's
+    # process; the real-server tests check them. Here they would leak into other tests.
+    monkeypatch.setattr(lab_guard, "pin_guard_extension", lambda: None)
+    monkeypatch.setattr(lab_guard, "install_log_redaction", lambda secrets=(): None)
     config = Config()
     runpy.run_path(str(SERVER_CONFIG), init_globals={"get_config": lambda: config})
     return config
@@ -45,6 +50,8 @@ def load_config(monkeypatch, euid: int = 1000, **env: str) -> Config:
 def test_config_sets_the_secure_values(monkeypatch):
     c = load_config(monkeypatch, JUPYTER_TOKEN=GOOD_TOKEN, WORKBENCH_NOTEBOOK_DIR="/srv/work")
     assert c.ServerApp.jpserver_extensions == {"workbench.lab_guard": True}
+    assert c.ServerApp.identity_provider_class == "workbench.lab_identity.WorkbenchIdentityProvider"
+    assert c.IdentityProvider.cookie_options == {"samesite": "Strict"}
     assert c.IdentityProvider.token == GOOD_TOKEN
     assert c.ServerApp.disable_check_xsrf is False
     assert c.ServerApp.allow_origin == "" and c.ServerApp.allow_origin_pat == ""
@@ -59,6 +66,18 @@ def test_config_sets_the_secure_values(monkeypatch):
     assert c.MappingKernelManager.cull_busy is False
     assert c.LabApp.news_url is None
     assert c.LabApp.extension_manager == "readonly"
+
+
+def test_config_removes_credentials_from_the_environment(monkeypatch):
+    """Kernels and terminals copy the server's environment: the token must not be in it."""
+    from jupyter_server.auth import passwd
+
+    hashed = passwd("correct horse battery staple")
+    c = load_config(monkeypatch, JUPYTER_TOKEN=GOOD_TOKEN, WORKBENCH_PASSWORD_HASH=hashed)
+    assert "JUPYTER_TOKEN" not in os.environ and "WORKBENCH_PASSWORD_HASH" not in os.environ
+    again = Config()  # Jupyter may load the file twice: the second load keeps the same token
+    runpy.run_path(str(SERVER_CONFIG), init_globals={"get_config": lambda: again})
+    assert again.IdentityProvider.token == c.IdentityProvider.token == GOOD_TOKEN
 
 
 def test_config_generates_a_token_once(monkeypatch):
@@ -90,6 +109,10 @@ def test_config_cull_time_and_hostnames_from_env(monkeypatch):
     [
         ({"JUPYTER_TOKEN": ""}, 1000, "JUPYTER_TOKEN is empty"),
         ({"JUPYTER_TOKEN": "short"}, 1000, "at least 32"),
+        ({"JUPYTER_TOKEN": "a" * 32}, 1000, "too predictable"),
+        ({"JUPYTER_TOKEN": " " * 32}, 1000, "JUPYTER_TOKEN is empty"),
+        ({"JUPYTER_TOKEN": GOOD_TOKEN, "JUPYTER_ALLOW_INSECURE_WRITES": "1"}, 1000, "JUPYTER_ALLOW_INSECURE_WRITES"),
+        ({"JUPYTER_TOKEN": GOOD_TOKEN, "JUPYTER_GATEWAY_URL": "http://gw:8888"}, 1000, "remote gateway"),
         ({"WORKBENCH_PASSWORD_HASH": "plaintext"}, 1000, "plain-text password"),
         ({"WORKBENCH_CULL_IDLE_S": "an hour"}, 1000, "WORKBENCH_CULL_IDLE_S"),
         ({"JUPYTER_TOKEN": GOOD_TOKEN}, 0, "would run as root"),
@@ -140,11 +163,108 @@ def test_token_file_missing_or_short(tmp_path):
         lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
 
 
+def test_token_file_of_another_user_says_whose_it_must_be(tmp_path, monkeypatch):
+    path = tmp_path / "token"
+    path.write_text(GOOD_TOKEN)
+    path.chmod(0o600)
+
+    def unreadable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(path), "read_text", unreadable)
+    with pytest.raises(LabConfigError, match="cannot be read by uid") as info:
+        lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
+    assert "chown" in info.value.fix and "chmod 600" in info.value.fix
+
+
 def test_env_token_wins_over_file_and_generation():
     choice = lab_guard.resolve_token({"JUPYTER_TOKEN": GOOD_TOKEN, "JUPYTER_TOKEN_FILE": "/nope"})
     assert choice.source == "JUPYTER_TOKEN"
     generated = lab_guard.resolve_token({})
     assert generated.source == "generated" and generated.token != GOOD_TOKEN
+
+
+# --- token strength -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("token", ["a" * 32, "ab" * 16, "abcdefgh" * 5, "0" * 64, "\n" + "a" * 40])
+def test_predictable_tokens_are_refused(token):
+    with pytest.raises(LabConfigError, match="too predictable") as info:
+        lab_guard.resolve_token({"JUPYTER_TOKEN": token})
+    assert "secrets.token_urlsafe(32)" in info.value.fix
+
+
+def test_random_tokens_pass_and_are_stripped():
+    import secrets
+
+    for _ in range(200):  # what the documented commands make always passes
+        lab_guard.resolve_token({"JUPYTER_TOKEN": secrets.token_urlsafe(32)})
+        lab_guard.resolve_token({"JUPYTER_TOKEN": secrets.token_hex(32)})
+    assert lab_guard.resolve_token({"JUPYTER_TOKEN": f"  {GOOD_TOKEN}\n"}).token == GOOD_TOKEN
+
+
+# --- origins and headers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("origin", "host", "allowed", "ok"), [
+    ("http://127.0.0.1:8888", "127.0.0.1:8888", "", True),
+    ("http://LOCALHOST:8888", "localhost:8888", "", True),
+    ("http://evil.example", "127.0.0.1:8888", "", False),
+    ("null", "127.0.0.1:8888", "", False),
+    ("http://127.0.0.1:8888.evil.example", "127.0.0.1:8888", "", False),
+    ("http://127.0.0.1:8888/", "127.0.0.1:8888", "", False),
+    ("file://", "127.0.0.1:8888", "", False),
+    ("", "127.0.0.1:8888", "", False),
+    ("https://tools.example.org", "127.0.0.1:8888", "https://tools.example.org", True),
+    ("https://tools.example.org.evil", "127.0.0.1:8888", "https://tools.example.org", False),
+])
+def test_origin_allowed(origin, host, allowed, ok):
+    assert lab_guard.origin_allowed(origin, host, allowed) is ok
+
+
+@pytest.mark.parametrize("value", ["*", "null", "https://*.example.org", "https://a.example/", "http://a.example:1/x",
+                                   "HTTPS://A.example", "a.example", ".*"])
+def test_allow_origin_must_be_one_exact_origin(value):
+    with pytest.raises(LabConfigError):
+        lab_guard.check_allow_origin(value)
+
+
+@pytest.mark.parametrize("headers", [
+    {"Content-Security-Policy": "frame-ancestors *"},
+    {"Content-Security-Policy": "default-src 'self'"},
+    {"content-security-policy": "frame-ancestors 'self' https://evil.example"},
+    {"Access-Control-Allow-Origin": "*"},
+    {"Access-Control-Allow-Credentials": "true"},
+])
+def test_unsafe_headers_are_refused(headers):
+    with pytest.raises(LabConfigError, match="Fix:"):
+        lab_guard.check_headers(headers)
+
+
+def test_safe_headers_pass():
+    lab_guard.check_headers({"Content-Security-Policy": "frame-ancestors 'self'; report-uri /x", "X-Extra": "1"})
+
+
+def test_runtime_dir_must_be_private(tmp_path):
+    folder = tmp_path / "runtime"
+    folder.mkdir(mode=0o700)
+    lab_guard.check_runtime_dir(str(folder))
+    folder.chmod(0o755)
+    with pytest.raises(LabConfigError, match="chmod 700"):
+        lab_guard.check_runtime_dir(str(folder))
+    folder.chmod(0o700)
+    with pytest.raises(LabConfigError, match="owner"):
+        lab_guard.check_runtime_dir(str(folder), euid=os.geteuid() + 1)
+
+
+def test_redaction(monkeypatch):
+    monkeypatch.setattr(lab_guard, "_secrets", {"s3cr3t-token-value-1234567890"})
+    line = ('404 GET /api/x?a=1&token=abc123&_xsrf=2|x (127.0.0.1) {"Authorization": "token xyz", '
+            '"token": "plain"} Cookie: username-x=sig s3cr3t-token-value-1234567890')
+    clean = lab_guard.redact(line)
+    for secret in ("abc123", "2|x", "xyz", "plain", "sig", "s3cr3t"):
+        assert secret not in clean, clean
+    assert "/api/x?a=1&token=[secret]" in clean
 
 
 # --- the final check of the effective settings -------------------------------------------
@@ -175,6 +295,19 @@ def test_safe_settings_pass():
         ({"allow_remote_access": True}, "Host-header check is off"),
         ({"nbconvert_csp_sandbox": False}, "nbconvert_csp_sandbox"),
         ({"euid": 0}, "would run as root"),
+        ({"token": "a" * 40}, "too predictable"),
+        ({"token": GOOD_TOKEN + " "}, "whitespace"),
+        ({"allow_unauthenticated_access": True}, "allow_unauthenticated_access"),
+        ({"allow_password_change": True}, "allow_password_change"),
+        ({"identity_provider_ok": False, "identity_provider": "x.Y"}, "the identity provider is x.Y"),
+        ({"auth_handlers": ["x.Login", "x.Logout"]}, "login/logout handlers"),
+        ({"allow_origin": "null"}, "not one exact origin"),
+        ({"tornado_settings": {"log_function": print}}, "tornado_settings sets 'log_function'"),
+        ({"headers": {"Access-Control-Allow-Origin": "*"}}, "Access-Control-Allow-Origin"),
+        ({"local_hostnames": ["localhost", "evil.example"]}, "local_hostnames adds evil.example"),
+        ({"insecure_writes": True}, "JUPYTER_ALLOW_INSECURE_WRITES"),
+        ({"gateway_url": "http://gw"}, "remote gateway"),
+        ({"websocket_url": "ws://evil.example"}, "websocket_url"),
     ],
 )
 def test_unsafe_settings_are_refused(change, expected):
@@ -225,6 +358,35 @@ def test_pinned_environment_and_pyproject_meet_the_floors():
 
 
 # --- `workbench lab` ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["--ServerApp.jpserver_extensions=workbench.lab_guard=False"], ["--config=/tmp/x.py"], ["--IdentityProvider.token="],
+    ["--ServerApp.token=abc"], ["--ServerApp.tornado_settings={}"], ["--ServerApp.allow_origin=*"],
+    ["--ServerApp.disable_check_xsrf=True"], ["--ServerApp.allow_remote_access=True"], ["--allow-root"],
+    ["--ServerApp.identity_provider_class=x"], ["--ServerApp.authorizer_class=x"], ["--generate-config"],
+    ["--ServerApp.log_level"], ["--ServerApp.log_level", "--ServerApp.token="], ["lab.ipynb"], ["-y"],
+    ["--ServerApp.base_url=//evil.example/"], ["--ServerApp.port=0"], ["--ServerApp.browser=@args"],
+    ["--ServerApp.root_dir=/x\n--ServerApp.token="], ["--no-browser=1"],
+])
+def test_extra_options_outside_the_allow_list_are_refused(args):
+    with pytest.raises(LabConfigError, match="Fix:"):
+        lab.check_server_options(args)
+
+
+def test_allowed_extra_options_are_passed_in_one_form():
+    args = ["--port", "8899", "--ServerApp.base_url=/user/me/", "--log-level=DEBUG", "--no-browser",
+            "--ServerApp.iopub_data_rate_limit=1e10", "--notebook-dir", "/data", "--ContentsManager.allow_hidden=True"]
+    assert lab.check_server_options(args) == [
+        "--port=8899", "--ServerApp.base_url=/user/me/", "--log-level=DEBUG", "--no-browser",
+        "--ServerApp.iopub_data_rate_limit=1e10", "--notebook-dir=/data", "--ContentsManager.allow_hidden=True"]
+
+
+def test_check_options_entry_for_the_image(capsys):
+    assert lab.main(["--check-options", "--", "--port", "8899", "--debug"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["--port=8899", "--debug"]
+    assert lab.main(["--check-options", "--", "--ServerApp.token="]) == 2
+    assert "refusing the server options" in capsys.readouterr().err
 
 
 def test_build_command_as_user(tmp_path):

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+from pathlib import Path
 
 import pytest
 
 from workbench.config import RunSpec, TrainConfig
 from workbench.synthetic import write_csv
 from workbench.widgets.pickers import DatasetPicker, ModelPicker, papermill_command, pickers
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
@@ -194,3 +197,56 @@ def test_papermill_command_for_hub_dataset():
     line = papermill_command(spec)
     assert "-p dataset_name nyu-mll/glue -p dataset_config mrpc" in line
     assert "-p text_column sentence1" in line and "sentence pairs" in line
+
+
+# ---------------------------------------------------------------- columns chosen from code (issue 11)
+
+
+def test_select_columns_names_a_missing_column_and_lists_the_ones_there_are(data_dir):
+    from workbench.errors import DataError
+
+    picker = DatasetPicker()
+    picker.path = str(data_dir)
+    assert picker.load()
+    with pytest.raises(DataError) as err:
+        picker.select_columns(("sentence",), "label")  # the SST-2 default on a CSV with "text"
+    assert "column 'sentence' is not in" in err.value.message
+    assert "its columns are: text, label" in err.value.message
+    assert "text_column" in err.value.fix
+    assert "sentence" in picker.message.value  # shown in the picker too
+    assert picker.text_box.value == ("text",) and picker.text_columns == ("text",)  # nothing half-set
+
+    with pytest.raises(DataError, match="columns 'review', 'stars' are not in"):
+        picker.select_columns("review", "stars")
+
+    picker.select_columns("text", "label")
+    assert picker.text_box.value == ("text",) and picker.label_box.value == "label"
+    assert picker.dataset_choice.text_columns == ("text",)
+
+
+def test_select_columns_before_load_only_stores_the_choice():
+    picker = DatasetPicker()
+    picker.select_columns(["a", "b"], "y")
+    assert picker.text_columns == ("a", "b") and picker.label_column == "y"
+
+
+def test_quickstart_picker_cell_with_a_wrong_text_column(tiny_bert, data_dir):
+    """The quickstart's own cell, run with text_column="sentense": a DataError, not a TraitError."""
+    from workbench import DatasetChoice, ModelChoice
+    from workbench.errors import DataError
+
+    cells = json.loads((REPO / "notebooks" / "01_quickstart.ipynb").read_text())["cells"]
+    source = next("".join(c["source"]) for c in cells
+                  if c["cell_type"] == "code" and "picker = workbench.pickers(" in "".join(c["source"]))
+    namespace = dict(
+        model_choice=ModelChoice(str(tiny_bert)), output_dir="unused", num_epochs=1, batch_size=8,
+        learning_rate=1e-3, max_length=64, precision="fp32",
+        dataset_choice=DatasetChoice(source="files", path=str(data_dir), text_columns=("sentense",)))
+    with pytest.raises(DataError, match="column 'sentense' is not in .*its columns are: text, label"):
+        exec(compile(source, "01_quickstart.ipynb", "exec"), namespace)
+    # With the right name the cell fills the widgets and the choice the run will use.
+    namespace["dataset_choice"] = DatasetChoice(source="files", path=str(data_dir), text_columns=("text",))
+    exec(compile(source, "01_quickstart.ipynb", "exec"), namespace)
+    picker = namespace["picker"]
+    assert picker.dataset.text_box.value == ("text",) and picker.dataset.label_box.value == "label"
+    assert picker.dataset_choice.text_columns == ("text",)

@@ -52,8 +52,8 @@ def test_accelerate_names_and_scaler():
 
 
 def test_bf16_trains_on_cpu(tiny_bert, tmp_path):
+    from workbench.frontend import fit
     from workbench.synthetic import make_dataset
-    from workbench.train import fit
 
     torch.set_num_threads(2)
     result = fit(str(tiny_bert), make_dataset(64, 32), output_dir=str(tmp_path / "run"), precision="bf16",
@@ -65,8 +65,8 @@ def test_bf16_trains_on_cpu(tiny_bert, tmp_path):
 
 
 def test_fp16_fit_on_cpu_fails_before_training(tiny_bert, tmp_path):
+    from workbench.frontend import fit
     from workbench.synthetic import make_dataset
-    from workbench.train import fit
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: fp16 is valid here (see tests/gpu)")

@@ -1,4 +1,6 @@
-"""Progress display: console lines, the output choice, and throttled notebook redraws."""
+"""Progress views: console lines and the output choice (workbench.progress, headless),
+the view each place gets (workbench.frontend.make_view), and the notebook view's
+throttled redraws (workbench.widgets.progress)."""
 
 from __future__ import annotations
 
@@ -9,18 +11,17 @@ import types
 
 import pytest
 
+from workbench import progress
 from workbench.errors import ConfigError
-from workbench.widgets import progress
-from workbench.widgets.progress import (
+from workbench.frontend import make_view as make_progress
+from workbench.progress import (
     ConsoleProgress,
-    NotebookProgress,
     RunHistory,
-    Throttle,
     choose_mode,
     format_duration,
     format_train_line,
-    make_progress,
 )
+from workbench.widgets.progress import NotebookProgress, Throttle
 
 
 def run_events(output_dir=None, steps=4, status="completed"):
@@ -146,7 +147,7 @@ def test_real_papermill_kernel_gets_console_lines(tmp_path):
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(
-        "from workbench.widgets.progress import choose_mode\nprint('MODE', choose_mode('auto'))"
+        "from workbench.progress import choose_mode\nprint('MODE', choose_mode('auto'))"
     )]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     src, dst = tmp_path / "in.ipynb", tmp_path / "out.ipynb"

@@ -11,21 +11,20 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from lab_helpers import (
     REPO,
     SERVER_CONFIG,
-    WORKBENCH,
     LabServer,
     free_port,
     http,
     isolated_env,
+    lab_argv,
     new_token,
-    run_to_exit,
     start_lab,
+    websocket,
 )
 
 HEALTHCHECK = REPO / "docker" / "healthcheck.py"
@@ -82,43 +81,17 @@ def test_kernels_and_terminals_need_the_token(lab):
     assert session.delete(f"{lab.url}/api/kernels/{kernel.json()['id']}", headers=auth(lab)).status_code == 204
 
 
-def _websocket(url: str, headers: dict[str, str], send: str | None = None, expect: str = "") -> str:
-    """Open a websocket; returns "refused: ..." or "ok" once ``expect`` was read back."""
-    import asyncio
-
-    from tornado.httpclient import HTTPRequest
-    from tornado.websocket import websocket_connect
-
-    async def talk() -> str:
-        try:
-            conn = await websocket_connect(HTTPRequest(url, headers=headers, connect_timeout=10))
-        except Exception as exc:  # tornado raises HTTPClientError for the refused upgrade
-            return f"refused: {exc!r}"
-        if send is not None:
-            conn.write_message(send)
-        seen = ""
-        for _ in range(50):
-            message = await asyncio.wait_for(conn.read_message(), 10)
-            seen += message or ""
-            if expect in seen.split("echo", 1)[-1]:
-                break
-        conn.close()
-        return "ok" if expect in seen else f"no {expect!r} in {seen[:200]!r}"
-
-    return asyncio.run(talk())
-
-
 def test_open_terminal_and_kernel_sockets_need_the_token(lab):
     session = http()
     name = session.post(f"{lab.url}/api/terminals", headers=auth(lab)).json()["name"]
     kernel_id = session.post(f"{lab.url}/api/kernels", json={"name": "python3"}, headers=auth(lab)).json()["id"]
     ws = f"ws://127.0.0.1:{lab.port}"
     try:
-        assert _websocket(f"{ws}/terminals/websocket/{name}", {}).startswith("refused: HTTP 403")
-        assert _websocket(f"{ws}/api/kernels/{kernel_id}/channels", {}).startswith("refused: HTTP 403")
+        assert websocket(f"{ws}/terminals/websocket/{name}", {}).startswith("refused: HTTP 403")
+        assert websocket(f"{ws}/api/kernels/{kernel_id}/channels", {}).startswith("refused: HTTP 403")
         # The same terminal with the token: a shell that runs what is typed.
         typed = '["stdin", "echo term-$((6*7))\\r"]'
-        assert _websocket(f"{ws}/terminals/websocket/{name}", auth(lab), typed, "term-42") == "ok"
+        assert websocket(f"{ws}/terminals/websocket/{name}", auth(lab), typed, "term-42") == "ok"
     finally:
         session.delete(f"{lab.url}/api/terminals/{name}", headers=auth(lab))
         session.delete(f"{lab.url}/api/kernels/{kernel_id}", headers=auth(lab))
@@ -184,84 +157,11 @@ def test_idle_kernels_are_culled_after_the_configured_time(lab):
         session.delete(f"{lab.url}/api/kernels/{kernel.json()['id']}", headers=auth(lab))
 
 
-# --- what refuses to start ---------------------------------------------------------------
-# Each case is a separate server start that must exit non-zero with its reason. They run
-# side by side (one start costs a few seconds of imports) and each case reports alone.
+# --- what refuses to start: tests/test_lab_misconfig.py; the attacker's probes: test_lab_probes.py
 
 
 def _start_args(port: int, notebook_dir: Path, *extra: str) -> list[str]:
-    argv = [WORKBENCH, "lab", "--port", str(port), "--notebook-dir", str(notebook_dir)]
-    return argv + (["--", *extra] if extra else [])
-
-
-# case -> (extra environment, extra server options, text the refusal must contain)
-MISCONFIGURATIONS = {
-    "xsrf_off_on_command_line": (
-        {}, ["--ServerApp.disable_check_xsrf=True"], "XSRF protection is disabled"),
-    "xsrf_off_in_tornado_settings": (
-        {}, ["--ServerApp.tornado_settings={'disable_check_xsrf': True}"], "XSRF protection is disabled"),
-    "empty_token_on_command_line": (
-        {}, ["--IdentityProvider.token="], "authentication is disabled"),
-    "empty_token_old_spelling": ({}, ["--ServerApp.token="], "authentication is disabled"),
-    "empty_token_in_env": ({"JUPYTER_TOKEN": ""}, [], "JUPYTER_TOKEN is empty"),
-    "short_token_in_env": ({"JUPYTER_TOKEN": "s3cret"}, [], "at least 32 are required"),
-    "short_token_on_command_line": (
-        {}, ["--IdentityProvider.token=abc123"], "at least 32 are required"),
-    "allow_origin_star": ({}, ["--ServerApp.allow_origin=*"], "allow_origin='*'"),
-    "allow_origin_pattern": ({}, ["--ServerApp.allow_origin_pat=.*example.com"], "allow_origin_pat"),
-    "host_check_off": ({}, ["--ServerApp.allow_remote_access=True"], "Host-header check is off"),
-    "nbconvert_sandbox_off": ({}, ["--ServerApp.nbconvert_csp_sandbox=False"], "nbconvert_csp_sandbox"),
-    "plain_text_password": ({"WORKBENCH_PASSWORD_HASH": "hunter2"}, [], "plain-text password"),
-    "token_file_readable_by_others": ({"JUPYTER_TOKEN_FILE": "<loose token file>"}, [], "chmod 600"),
-    # A user-wide jupyter_config.py (loaded before ours) that switches XSRF off through a
-    # setting our configuration does not set.
-    "xsrf_off_in_user_config_file": ({}, ["<user config file>"], "XSRF protection is disabled"),
-    # Straight to jupyter with our configuration, as the image starts it, without the allow.
-    "root_without_explicit_allow": ({}, ["<as root>"], "would run as root"),
-}
-
-
-def _refusal_command(case: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
-    env_extra, args, _ = MISCONFIGURATIONS[case]
-    env = isolated_env(tmp, **{"JUPYTER_TOKEN": new_token(), **env_extra})
-    if case == "token_file_readable_by_others":
-        token_file = tmp / "token"
-        token_file.write_text(new_token() + "\n")
-        token_file.chmod(0o644)
-        env.pop("JUPYTER_TOKEN")
-        env["JUPYTER_TOKEN_FILE"] = str(token_file)
-    if case == "xsrf_off_in_user_config_file":
-        Path(env["JUPYTER_CONFIG_DIR"], "jupyter_config.py").write_text(
-            "c.ServerApp.tornado_settings = {'disable_check_xsrf': True}\n"
-        )
-        args = []
-    if case == "root_without_explicit_allow":
-        argv = [sys.executable, "-m", "jupyterlab", f"--config={SERVER_CONFIG}",
-                f"--ServerApp.port={free_port()}", "--ServerApp.ip=127.0.0.1", "--allow-root"]
-        return argv, env
-    return _start_args(free_port(), tmp, *args), env
-
-
-@pytest.fixture(scope="module")
-def refusals(tmp_path_factory) -> dict[str, tuple[int, str]]:
-    cases = sorted(MISCONFIGURATIONS)
-    if os.geteuid() != 0:
-        cases.remove("root_without_explicit_allow")
-    commands = {case: _refusal_command(case, tmp_path_factory.mktemp(case)) for case in cases}
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {case: pool.submit(run_to_exit, *commands[case]) for case in cases}
-        return {case: future.result() for case, future in futures.items()}
-
-
-@pytest.mark.parametrize("case", sorted(MISCONFIGURATIONS))
-def test_misconfiguration_refuses_to_start(case, refusals):
-    if case not in refusals:
-        pytest.skip("needs root: checks that root is refused without WORKBENCH_ALLOW_ROOT=1")
-    code, output = refusals[case]
-    assert code != 0, output
-    assert "refuses to start" in output, output
-    assert MISCONFIGURATIONS[case][2] in output, output
-    assert "Fix:" in output
+    return lab_argv(port, notebook_dir, *extra)
 
 
 def test_token_file_and_generated_token(tmp_path):
@@ -282,7 +182,8 @@ def test_token_file_and_generated_token(tmp_path):
         assert http().get(f"{from_file.url}/api/contents", headers=headers).status_code == 200
 
         generated.wait_ready()
-        lines = [ln for ln in generated.log().splitlines() if "/lab?token=" in ln and "..." not in ln]
+        # Printed once, by the workbench; Jupyter's own URL line has it redacted.
+        lines = [ln for ln in generated.log().splitlines() if "/lab?token=" in ln and "[secret]" not in ln]
         assert len(lines) == 1, generated.log()
         new = lines[0].split("token=", 1)[1].strip()
         assert len(new) >= 32

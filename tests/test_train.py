@@ -11,11 +11,11 @@ import pytest
 import torch
 from datasets import Dataset, DatasetDict
 
-from workbench import checkpoint
-from workbench.errors import ConfigError, DataError, ModelError, TrainingError
-from workbench.memory import simulate_oom
+from workbench import checkpoint, frontend, train
+from workbench.errors import CheckpointError, ConfigError, DataError, ModelError, TrainingError
+from workbench.frontend import fit
 from workbench.synthetic import make_dataset
-from workbench.train import ClassificationTask, fit
+from workbench.tasks.classification import ClassificationTask
 
 
 @pytest.fixture(autouse=True)
@@ -29,10 +29,34 @@ def small_data():
 
 
 def _quick(tiny_bert, data, out, **overrides):
-    settings = dict(output_dir=str(out), learning_rate=2e-3, batch_size=8, num_workers=0, progress="none",
+    settings = dict(output_dir=str(out), learning_rate=2e-3, batch_size=8, num_workers=0, progress="none", max_length=128,
                     max_steps=6, log_every=1, warmup_ratio=0.0)
     settings.update(overrides)
     return fit(str(tiny_bert), data, **settings)
+
+
+def _simulate_oom(monkeypatch, trigger):
+    """Raise CUDA's out-of-memory error at an optimizer step when ``trigger(step, micro_batch_size)``."""
+    original = train._optimizer_step
+
+    def step_or_oom(run, batches, step):
+        if trigger(step, run.state.micro_batch_size):
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (simulated at step {step})")
+        return original(run, batches, step)
+
+    monkeypatch.setattr(train, "_optimizer_step", step_or_oom)
+
+
+def _checkpoint_weights_of_model(path):
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+def _checkpoint_weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
 
 
 def _events(result, kind):
@@ -75,9 +99,9 @@ def test_rerunning_a_finished_run_resumes_and_does_nothing_more(tiny_bert, small
     assert _events(again, "train") == []  # nothing left to do
     assert any("Resumed from" in e["text"] for e in _events(again, "message"))
     assert again.metrics == first.metrics
-    changed = _quick(tiny_bert, small_data, tmp_path / "run", seed=1)
-    warnings = [e["text"] for e in _events(changed, "message") if e["level"] == "warn"]
-    assert any("seed 42 -> 1" in text for text in warnings)
+    # Another seed means other batches: not this run any more (issue: resuming someone else's run).
+    with pytest.raises(CheckpointError, match="train.seed 42 in the checkpoint, 1 now"):
+        _quick(tiny_bert, small_data, tmp_path / "run", seed=1)
 
 
 # ------------------------------------------------------------- bad input, up front
@@ -132,8 +156,6 @@ def test_unknown_model_offline(small_data, tmp_path, monkeypatch):
 
 # -------------------------------------------------------------------- interrupts
 def test_keyboard_interrupt_saves_and_rerun_finishes(tiny_bert, small_data, tmp_path, monkeypatch):
-    import workbench.widgets.progress as progress
-
     class StopAtStep3:
         def __call__(self, event):
             if event["kind"] == "train" and event["step"] == 3:
@@ -142,7 +164,7 @@ def test_keyboard_interrupt_saves_and_rerun_finishes(tiny_bert, small_data, tmp_
         def close(self):
             pass
 
-    monkeypatch.setattr(progress, "make_progress", lambda mode: StopAtStep3())
+    monkeypatch.setattr(frontend, "make_view", lambda mode: StopAtStep3())
     out = tmp_path / "run"
     result = _quick(tiny_bert, small_data, out, progress="console", max_steps=8, save_every=100,
                     num_workers=2)
@@ -152,7 +174,7 @@ def test_keyboard_interrupt_saves_and_rerun_finishes(tiny_bert, small_data, tmp_
     assert checkpoint.latest_checkpoint(out).name == "step-000003"
     assert _events(result, "end")[0]["status"] == "interrupted"
 
-    monkeypatch.setattr(progress, "make_progress", lambda mode: (lambda event: None))
+    monkeypatch.undo()
     resumed = _quick(tiny_bert, small_data, out, max_steps=8, save_every=100)
     assert resumed.status == "completed"
     assert [e["step"] for e in _events(resumed, "train")] == [4, 5, 6, 7, 8]
@@ -165,6 +187,27 @@ def test_sigterm_handler_is_restored(tiny_bert, small_data, tmp_path):
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     _quick(tiny_bert, small_data, tmp_path / "run", max_steps=1)
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+# ------------------------------------------------------------ resuming another run
+def test_resume_refuses_the_checkpoints_of_another_run(tiny_bert, small_data, tmp_path):
+    out = tmp_path / "run"
+    _quick(tiny_bert, small_data, out, max_steps=2, save_every=2)
+    other_data = make_dataset(96, 32, seed=11)  # same columns and labels, other rows
+    with pytest.raises(CheckpointError, match="data_fingerprint") as info:
+        _quick(tiny_bert, other_data, out, max_steps=4, save_every=2)
+    assert "new output_dir" in info.value.fix and "resume=None" in info.value.fix
+    with pytest.raises(CheckpointError, match=r"train.batch_size 8 in the checkpoint, 4 now"):
+        _quick(tiny_bert, small_data, out, max_steps=4, batch_size=4)
+
+    rows = [{"text": f"review {i}", "label": ["bad", "good", "fine"][i % 3]} for i in range(48)]
+    three_labels = DatasetDict(train=Dataset.from_list(rows), validation=Dataset.from_list(rows[:12]))
+    with pytest.raises(CheckpointError, match="labels") as info:  # not a 100-line state_dict traceback
+        _quick(tiny_bert, three_labels, out, max_steps=4)
+    assert "['negative', 'positive'] in the checkpoint" in str(info.value)
+    resumed = _quick(tiny_bert, small_data, out, max_steps=4, save_every=2)  # the same run resumes
+    assert resumed.status == "completed"
+    assert [e["step"] for e in _events(resumed, "train")] == [3, 4]
 
 
 # -------------------------------------------------------------------------- NaN
@@ -186,10 +229,48 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_be
     assert "learning_rate" in info.value.fix
     good = checkpoint.latest_checkpoint(out)
     assert good.name == "step-000004"
-    weights = torch.load(good / "model.pt", weights_only=True)
+    weights = _checkpoint_weights(good)
     assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
     ends = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert ends[-1]["kind"] == "end" and ends[-1]["status"] == "failed"
+
+
+def test_nan_before_an_evaluation_is_caught_and_never_kept_as_best(tiny_bert, small_data, tmp_path, monkeypatch):
+    """With log_every=10 the NaN of step 3 used to reach the step-4 evaluation and be saved as best/."""
+    original = ClassificationTask.loss
+    calls = {"n": 0}
+
+    def loss_with_nan(self, model, batch):
+        calls["n"] += 1
+        loss = original(self, model, batch)
+        return loss * float("nan") if calls["n"] == 3 else loss
+
+    monkeypatch.setattr(ClassificationTask, "loss", loss_with_nan)
+    out = tmp_path / "run"
+    with pytest.raises(TrainingError, match="step 3") as info:
+        _quick(tiny_bert, small_data, out, max_steps=8, eval_every=2, log_every=10, save_every=100)
+    assert "No checkpoint was saved before it" in str(info.value)  # no false promise
+    best = json.loads((out / "best" / "best.json").read_text())
+    assert best["step"] == 2  # the evaluation at step 4 never ran on the ruined weights
+    weights = _checkpoint_weights_of_model(out / "best")
+    assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
+
+
+def test_out_of_memory_in_evaluation_halves_the_eval_batch(tiny_bert, small_data, tmp_path, monkeypatch):
+    plain = _quick(tiny_bert, small_data, tmp_path / "plain", max_steps=2)
+    original = ClassificationTask.eval_outputs
+
+    def eval_outputs_or_oom(self, model, batch):
+        if len(batch["labels"]) > 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated in evaluation)")
+        return original(self, model, batch)
+
+    monkeypatch.setattr(ClassificationTask, "eval_outputs", eval_outputs_or_oom)
+    retried = _quick(tiny_bert, small_data, tmp_path / "oom", max_steps=2)
+    assert retried.status == "completed"
+    warnings = [e["text"] for e in _events(retried, "message") if e["level"] == "warn"]
+    assert any("eval batches of 8" in w for w in warnings) and any("eval batches of 4" in w for w in warnings)
+    assert retried.metrics == pytest.approx(plain.metrics, abs=1e-6)
 
 
 def test_huge_learning_rate_is_reported_not_silently_saved(tiny_bert, small_data, tmp_path):
@@ -200,7 +281,7 @@ def test_huge_learning_rate_is_reported_not_silently_saved(tiny_bert, small_data
         assert "step" in str(exc) and exc.step is not None
         return
     # If the loss never became NaN/inf, the saved model must at least be finite.
-    state = torch.load(checkpoint.latest_checkpoint(out) / "model.pt", weights_only=True)
+    state = _checkpoint_weights(checkpoint.latest_checkpoint(out))
     assert all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point()), result
 
 
@@ -216,11 +297,12 @@ def tiny_bert_without_dropout(tiny_bert, tmp_path_factory):
     return copy
 
 
-def test_oom_halves_the_micro_batch_and_keeps_the_loss_curve(tiny_bert_without_dropout, small_data, tmp_path):
+def test_oom_halves_the_micro_batch_and_keeps_the_loss_curve(tiny_bert_without_dropout, small_data, tmp_path,
+                                                             monkeypatch):
     model = tiny_bert_without_dropout
     plain = _quick(model, small_data, tmp_path / "plain")
-    with simulate_oom(lambda step, size: step == 3 and size > 2):
-        retried = _quick(model, small_data, tmp_path / "oom")
+    _simulate_oom(monkeypatch, lambda step, size: step == 3 and size > 2)
+    retried = _quick(model, small_data, tmp_path / "oom")
     assert retried.status == "completed"
     warnings = [e["text"] for e in _events(retried, "message") if e["level"] == "warn"]
     assert len(warnings) == 2 and "micro-batch 4 x 2" in warnings[0] and "micro-batch 2 x 4" in warnings[1]
@@ -232,8 +314,9 @@ def test_oom_halves_the_micro_batch_and_keeps_the_loss_curve(tiny_bert_without_d
     assert retried_losses == pytest.approx(plain_losses, abs=1e-5)
 
 
-def test_oom_at_micro_batch_one_gives_up(tiny_bert, small_data, tmp_path):
-    with simulate_oom(lambda step, size: step == 2), pytest.raises(TrainingError, match="micro-batch of 1") as info:
+def test_oom_at_micro_batch_one_gives_up(tiny_bert, small_data, tmp_path, monkeypatch):
+    _simulate_oom(monkeypatch, lambda step, size: step == 2)
+    with pytest.raises(TrainingError, match="micro-batch of 1") as info:
         _quick(tiny_bert, small_data, tmp_path / "run")
     assert info.value.step == 2
 

@@ -13,6 +13,30 @@ import pytest
 from workbench.config import DatasetChoice, ModelChoice, RunSpec, TrainConfig
 from workbench.synthetic import write_csv
 
+# `workbench train` as torchrun starts it, plus a hash of each rank's final weights
+# (taken where the engine saves the final model, which every rank reaches).
+HASHING_LAUNCHER = r'''
+import hashlib, os, sys
+from pathlib import Path
+import workbench.train as engine
+from workbench.cli import main
+
+hashes, original = Path(os.environ["HASH_DIR"]), engine._save_model
+
+def save_model_and_hash(run, directory, extra=None):
+    if directory.name == "model":
+        digest = hashlib.sha256()
+        for name, tensor in sorted(run.accelerator.unwrap_model(run.model).state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        hashes.mkdir(parents=True, exist_ok=True)
+        (hashes / f"rank{run.accelerator.process_index}.sha256").write_text(digest.hexdigest())
+    return original(run, directory, extra)
+
+engine._save_model = save_model_and_hash
+sys.exit(main(sys.argv[1:]))
+'''
+
 
 def test_two_processes_stay_identical_and_only_rank0_writes(tiny_bert, tmp_path):
     data = tmp_path / "data"
@@ -26,11 +50,13 @@ def test_two_processes_stay_identical_and_only_rank0_writes(tiny_bert, tmp_path)
                           log_every=1, num_workers=0, gradient_accumulation_steps=2),
     )
     config = spec.save(tmp_path / "run.yaml")
-    hashes = tmp_path / "hashes"  # outside output_dir: a test-only hook, one file per rank
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORKBENCH_TEST_PARAM_HASH_DIR": str(hashes)}
+    hashes = tmp_path / "hashes"  # outside output_dir, one file per rank
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(HASHING_LAUNCHER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HASH_DIR": str(hashes)}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "workbench", "train", "--config", str(config), "--progress", "none"],
+         str(launcher), "train", "--config", str(config), "--progress", "none"],
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -54,8 +80,8 @@ def test_two_processes_stay_identical_and_only_rank0_writes(tiny_bert, tmp_path)
 
 def test_fit_distributed_from_a_notebook_process(tiny_bert, tmp_path):
     """accelerate.notebook_launcher forks two gloo workers; the result comes back from disk."""
+    from workbench.frontend import fit_distributed
     from workbench.synthetic import make_dataset
-    from workbench.train import fit_distributed
 
     result = fit_distributed(str(tiny_bert), make_dataset(64, 16, seed=3), num_processes=2,
                              output_dir=str(tmp_path / "run"), learning_rate=2e-3, batch_size=8, max_steps=3,
@@ -72,7 +98,7 @@ def test_fit_distributed_refuses_once_cuda_is_initialised(monkeypatch, tmp_path)
     import torch
 
     from workbench.errors import WorkbenchError
-    from workbench.train import fit_distributed
+    from workbench.frontend import fit_distributed
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(WorkbenchError, match="restart the kernel"):

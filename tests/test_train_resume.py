@@ -23,9 +23,33 @@ WORKER = r'''
 import os, sys, time
 import torch
 torch.set_num_threads(1)
+import accelerate
 import workbench.events as events
 from workbench.synthetic import make_dataset
 from workbench.train import fit
+
+pause = os.environ.get("PAUSE_IN_SAVE")  # "<step>:<flag file>": stall inside that step's checkpoint
+if pause:  # the files are written, the manifest is not: the checkpoint is half on disk
+    pause_step, flag = pause.split(":", 1)
+    original_save_state = accelerate.Accelerator.save_state
+    def save_state(self, output_dir=None, **kwargs):
+        saved = original_save_state(self, output_dir, **kwargs)
+        if os.path.basename(output_dir) == f".tmp-step-{int(pause_step):06d}":
+            with open(flag, "w") as f:
+                f.write(output_dir)
+            time.sleep(60)
+        return saved
+    accelerate.Accelerator.save_state = save_state
+
+slow_loss = float(os.environ.get("SLOW_LOSS_S", "0"))
+if slow_loss:  # a pause inside each step, after the forward pass drew its dropout masks
+    from workbench.tasks.classification import ClassificationTask
+    original_loss = ClassificationTask.loss
+    def loss(self, model, batch):
+        value = original_loss(self, model, batch)
+        time.sleep(slow_loss)
+        return value
+    ClassificationTask.loss = loss
 
 slow = float(os.environ.get("SLOW_STEP_S", "0"))
 if slow:  # make the run long enough to be killed part-way
@@ -38,7 +62,7 @@ if slow:  # make the run long enough to be killed part-way
 
 result = fit(sys.argv[1], make_dataset(96, 32, seed=7), output_dir=sys.argv[2], learning_rate=2e-3,
              batch_size=8, max_steps=20, save_every=3, log_every=1, keep_checkpoints=2,
-             num_workers=0, progress="none", warmup_ratio=0.1)
+             num_workers=0, warmup_ratio=0.1)
 print("STATUS", result.status)
 '''
 
@@ -101,7 +125,7 @@ def _assert_same_as_reference(reference_out: Path, out: Path, resumed_after: int
     ref_w, got_w = _weights(reference_out), _weights(out)
     assert ref_w.keys() == got_w.keys()
     for name in ref_w:
-        torch.testing.assert_close(got_w[name], ref_w[name], atol=1e-6, rtol=0)
+        assert torch.equal(got_w[name], ref_w[name]), name  # bit-exact, not merely close
 
 
 def test_kill_mid_run_then_resume_matches(reference, tiny_bert, tmp_path):
@@ -123,7 +147,7 @@ def test_kill_during_a_save_leaves_the_previous_checkpoint(reference, tiny_bert,
     script, ref_out = reference
     out = tmp_path / "killed-in-save"
     flag = tmp_path / "saving"
-    proc = _run(script, tiny_bert, out, env={"WORKBENCH_TEST_SAVE_PAUSE": f"9:60:{flag}"}, wait=False)
+    proc = _run(script, tiny_bert, out, env={"PAUSE_IN_SAVE": f"9:{flag}"}, wait=False)
     _wait_for(flag.exists, proc)
     partial = Path(flag.read_text())
     assert partial.is_dir() and partial.name.startswith(".tmp-step-000009")
@@ -145,6 +169,26 @@ def test_sigterm_finishes_the_step_saves_and_resumes_exactly(reference, tiny_ber
     assert proc.returncode == 0, output[-3000:]
     assert "STATUS interrupted" in output
     assert "Interrupted at step" in output and "Traceback" not in output
+    stopped_at = max(_losses(out))
+    assert checkpoint.latest_checkpoint(out).name == checkpoint.step_dir_name(stopped_at)
+    _run(script, tiny_bert, out)
+    _assert_same_as_reference(ref_out, out, resumed_after=stopped_at)
+
+
+def test_double_ctrl_c_mid_step_still_resumes_exactly(reference, tiny_bert, tmp_path):
+    """Two interrupts 0.3 s apart, landing inside a step after its dropout draws: the second
+    is only noted, the step completes, one checkpoint and one message, then an exact resume."""
+    script, ref_out = reference
+    out = tmp_path / "double-interrupt"
+    proc = _run(script, tiny_bert, out, env={"SLOW_LOSS_S": "0.4"}, wait=False)
+    _wait_for(lambda: len(_losses(out)) >= 4 if (out / "events.jsonl").exists() else False, proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output[-3000:]
+    assert "STATUS interrupted" in output and "Traceback" not in output
+    assert output.count("Interrupted at step") == 1  # said once, not twice
     stopped_at = max(_losses(out))
     assert checkpoint.latest_checkpoint(out).name == checkpoint.step_dir_name(stopped_at)
     _run(script, tiny_bert, out)

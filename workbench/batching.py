@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from workbench.errors import DataError
 
@@ -198,3 +198,48 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         longest = max(range(len(batches)), key=lambda b: lengths[batches[b][0]])
         batches[0], batches[longest] = batches[longest], batches[0]
         yield from batches
+
+
+# --------------------------------------------------------------------------- loading
+def default_num_workers(num_workers: int | None) -> int:
+    if num_workers is not None:
+        return num_workers
+    # On a GPU, workers collate the next batches while the GPU computes. On a CPU they
+    # compete with the model for the same cores and their fork costs seconds.
+    return 2 if torch.cuda.is_available() else 0
+
+
+def make_loader(dataset, batch_sampler, collate, num_workers: int | None, seed: int) -> DataLoader:
+    """A DataLoader over ``batch_sampler``'s batches; ``num_workers=None``: 2 on CUDA, 0 on CPU."""
+    workers = default_num_workers(num_workers)
+    return DataLoader(
+        dataset, batch_sampler=batch_sampler, collate_fn=collate, num_workers=workers,
+        # Workers are forked once for the run, not once per epoch (each fork copies a
+        # process that holds the model); they end with the loader when fit returns.
+        persistent_workers=workers > 0,
+        pin_memory=torch.cuda.is_available(),  # page-locked memory: faster, asynchronous copies
+        # Worker seeds come from this generator, not the global RNG, so creating a
+        # loader never shifts the dropout random stream (exact resume).
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def step_windows(loader, sampler, accelerator, state, accumulation: int):
+    """Lists of loader batches, one list per optimizer step, continuing from ``state``
+    (its ``epoch`` and ``batch_in_epoch``, which the loop advances).
+
+    The sampler order depends only on (seed, epoch) and already-seen batches are
+    skipped, so a resumed run gets the same batches as an uninterrupted one.
+    """
+    while True:
+        sampler.set_epoch(state.epoch)
+        loader.set_epoch(state.epoch)
+        batches = accelerator.skip_first_batches(loader, state.batch_in_epoch) if state.batch_in_epoch else loader
+        window = []
+        for batch in batches:
+            window.append(batch)
+            if len(window) == accumulation:
+                yield window
+                window = []
+        if window:
+            yield window

@@ -2,27 +2,35 @@
 
 Layout under ``<output_dir>/checkpoints/``::
 
-    step-000120/   model.pt optimizer.pt scheduler.pt [scaler.pt] rng.pt state.json run.json manifest.json
+    step-000120/   model.safetensors optimizer.bin scheduler.bin [scaler.pt]
+                   random_states_<rank>.pkl state.json run.json manifest.json
 
-A checkpoint is written into ``.tmp-step-000120-<pid>/``, every file fsynced,
-``manifest.json`` (file names and sizes) written last, then the folder is renamed
-into place and the parent fsynced. A crash or ``kill -9`` at any moment leaves either
-the previous checkpoints untouched or a dot-folder that is never chosen: only folders
-whose manifest matches their files count as valid.
+What goes in is Accelerate's ``save_state``: the model (the task decides which
+weights: all of them, or a LoRA adapter's), the optimizer (sharded under FSDP),
+the schedule, the fp16 scaler and every process's RNG streams; ``load_state``
+puts them back. This module adds what makes a checkpoint safe to resume from: the
+position in the epoch (``state.json``), the run record (``run.json``), and
+atomicity. Every process writes into ``.tmp-step-000120/``, then the main process
+fsyncs every file, writes ``manifest.json`` (file names and sizes) last, renames
+the folder into place and fsyncs the parent. A crash or ``kill -9`` at any moment
+leaves either the previous checkpoints untouched or a dot-folder that is never
+chosen: only folders whose manifest matches their files count as valid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import platform
 import random
 import re
 import shutil
 import sys
-import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.distributed import any_process
 from workbench.errors import CheckpointError
 
 CHECKPOINTS = "checkpoints"
@@ -37,11 +46,7 @@ MANIFEST = "manifest.json"
 STATE = "state.json"
 RUN_RECORD = "run.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-FORMAT = 1
-
-# Test-only hook: pause inside a save (after the first file) so a test can kill -9 the
-# process mid-save. WORKBENCH_TEST_SAVE_PAUSE="<step>:<seconds>:<flag file to touch>".
-_PAUSE_ENV = "WORKBENCH_TEST_SAVE_PAUSE"
+FORMAT = 2  # 2: Accelerate's save_state files; 1 (workbench 0.1): model.pt, optimizer.pt, ...
 
 
 def checkpoints_dir(output_dir: str | os.PathLike) -> Path:
@@ -50,6 +55,21 @@ def checkpoints_dir(output_dir: str | os.PathLike) -> Path:
 
 def step_dir_name(step: int) -> str:
     return f"step-{step:06d}"
+
+
+@dataclass
+class TrainState:
+    """Where the run is; saved in each checkpoint's state.json."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # current epoch (0-based)
+    batch_in_epoch: int = 0  # loader batches of this epoch already consumed
+    micro_batch_size: int = 0  # after out-of-memory halvings; batch_size otherwise
+    skipped_steps: int = 0  # fp16 overflow skips, in total
+    consecutive_skips: int = 0
+    best_value: float | None = None
+    best_step: int | None = None
+    metrics: dict = field(default_factory=dict)  # last evaluation
 
 
 # ------------------------------------------------------------------ atomic folders
@@ -65,7 +85,10 @@ def _fsync_path(path: Path) -> None:
 def write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_dir)``, fsync what it wrote, then rename ``tmp_dir`` to ``final``.
 
-    An existing ``final`` is replaced: moved aside first, removed after the swap.
+    An existing ``final`` is replaced in two renames: ``final`` -> ``.old-<name>-<pid>``,
+    then ``tmp`` -> ``final``; the old copy is removed after. Between the two renames
+    ``final`` does not exist; a crash there leaves the complete old copy, which
+    :func:`remove_stale_temporaries` puts back at the next start.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -75,32 +98,89 @@ def write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
     tmp.mkdir()
     try:
         write(tmp)
-        for path in tmp.rglob("*"):
-            if path.is_file():
-                _fsync_path(path)
-        _fsync_path(tmp)
-        old = None
-        if final.exists():
-            old = final.parent / f".old-{final.name}-{os.getpid()}"
-            if old.exists():
-                shutil.rmtree(old)
-            os.rename(final, old)
-        os.rename(tmp, final)
-        _fsync_path(final.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _swap_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
 
 
-def remove_stale_temporaries(directory: Path) -> None:
-    """Half-written folders from a crashed save (``.tmp-*``, ``.old-*``)."""
-    if directory.is_dir():
-        for path in directory.iterdir():
-            if path.is_dir() and (path.name.startswith(".tmp-") or path.name.startswith(".old-")):
-                shutil.rmtree(path, ignore_errors=True)
+def _swap_into_place(tmp: Path, final: Path) -> None:
+    """fsync everything in ``tmp``, then rename it to ``final`` (replacing an existing one).
+
+    An existing ``final`` is moved aside first (``.old-<name>-<pid>``) and removed after
+    the swap; a kill between the two renames leaves only that copy, which
+    :func:`remove_stale_temporaries` puts back at the next start.
+    """
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            _fsync_path(path)
+    _fsync_path(tmp)
+    old = None
+    if final.exists():
+        old = final.parent / f".old-{final.name}-{os.getpid()}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(final, old)
+    try:
+        os.rename(tmp, final)
+    except BaseException:
+        if old is not None and old.exists() and not final.exists():
+            # The second rename failed: put the old copy back rather than leave no ``final``.
+            os.rename(old, final)
+        raise
+    _fsync_path(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+_LEFTOVER = re.compile(r"^\.(?P<kind>tmp|old)-(?P<name>.+)-(?P<pid>\d+)$")
+
+
+def _leftovers(directory: Path) -> list[tuple[str, str, Path]]:
+    """(kind, name, path) of the ``.tmp-<name>-<pid>`` / ``.old-<name>-<pid>`` folders."""
+    found = []
+    for path in directory.iterdir():
+        match = _LEFTOVER.match(path.name)
+        if match and path.is_dir():
+            found.append((match.group("kind"), match.group("name"), path))
+    return found
+
+
+def remove_stale_temporaries(directory: Path) -> list[str]:
+    """Clean up after a save that crashed; returns what was recovered, as messages to log.
+
+    ``.tmp-*`` folders are half-written and removed. An ``.old-<name>-*`` folder is
+    the previous complete ``<name>``: when ``<name>`` itself is missing, the crash
+    came between the two renames of :func:`write_dir_atomically`, and the old copy is
+    renamed back (the newest, should several exist) instead of being deleted.
+
+    Call it only while holding the folder's run lock: another live run's ``.tmp-*``
+    would otherwise be removed under it.
+    """
+    directory = Path(directory)
+    recovered: list[str] = []
+    if not directory.is_dir():
+        return recovered
+    leftovers = _leftovers(directory)
+    olds: dict[str, list[Path]] = {}
+    for kind, name, path in leftovers:
+        if kind == "old":
+            olds.setdefault(name, []).append(path)
+    for name, paths in sorted(olds.items()):
+        final = directory / name
+        if final.exists():
+            continue  # the swap finished; these are only the copies it had not removed yet
+        newest = max(paths, key=lambda p: p.stat().st_mtime)
+        os.rename(newest, final)
+        _fsync_path(directory)
+        recovered.append(f"Recovered {final} from {newest.name}: a save was interrupted between "
+                         "replacing it and putting the new copy in place; this is the copy from before "
+                         "that save.")
+    for _, _, path in leftovers:
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+    return recovered
 
 
 # -------------------------------------------------------------------- RNG states
@@ -180,47 +260,101 @@ def compare_records(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return changes
 
 
+# What makes a run the same run (written by the task into the run record): resuming another
+# run's checkpoint would continue its weights on other data, or fail deep in load_state_dict.
+RUN_IDENTITY = ("model", "task", "text_columns", "label_column", "labels", "data_fingerprint")
+# Settings that decide which rows form each batch: a resume with other values would not
+# see the batches the first part of the run was planned with.
+ORDER_SETTINGS = ("batch_size", "gradient_accumulation_steps", "seed", "max_length", "group_by_length")
+
+
+def check_same_run(path: Path, before: dict[str, Any], now: dict[str, Any]) -> None:
+    """CheckpointError naming every difference when ``path`` belongs to another run."""
+    differences = [f"{key} {before.get(key)!r} in the checkpoint, {now.get(key)!r} now"
+                   for key in RUN_IDENTITY if key in now and before.get(key) != now.get(key)]
+    old, new = before.get("config", {}), now.get("config", {})
+    differences += [f"train.{key} {old.get(key)!r} in the checkpoint, {new.get(key)!r} now"
+                    for key in ORDER_SETTINGS if old.get(key) != new.get(key)]
+    if differences:
+        run_dir = Path(path).parent.parent
+        raise CheckpointError(
+            f"The checkpoint {path} belongs to a different run: " + "; ".join(differences) + ".",
+            f"give this run a new output_dir; or, to start over in {run_dir}, move its old contents "
+            "aside and pass resume=None.")
+
+
 # ------------------------------------------------------------- save / find / load
-def _maybe_pause(tmp: Path, step: int) -> None:
-    spec = os.environ.get(_PAUSE_ENV)
-    if not spec:
-        return
-    pause_step, seconds, flag = spec.split(":", 2)
-    if int(pause_step) == step:
-        Path(flag).write_text(str(tmp))
-        time.sleep(float(seconds))
-
-
-def save_checkpoint(output_dir: str | os.PathLike, step: int, objects: dict[str, Any],
-                    state: dict[str, Any], record: dict[str, Any], keep: int | None = None) -> Path:
-    """Write ``objects`` (name -> torch-serialisable) plus state and run record, atomically.
+def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, state: dict[str, Any],
+                    record: dict[str, Any], keep: int | None = None) -> Path:
+    """Save the accelerator's state plus ``state`` and ``record``, atomically. Call on every process.
 
     ``keep``: afterwards delete all but the newest ``keep`` step checkpoints.
     """
     root = checkpoints_dir(output_dir)
-
-    def write(tmp: Path) -> None:
-        files = {}
-        for i, (name, obj) in enumerate(objects.items()):
-            torch.save(obj, tmp / f"{name}.pt")
-            files[f"{name}.pt"] = (tmp / f"{name}.pt").stat().st_size
-            if i == 0:
-                _maybe_pause(tmp, step)
-        for name, data in ((STATE, state), (RUN_RECORD, record)):
-            (tmp / name).write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-            files[name] = (tmp / name).stat().st_size
-        manifest = {"format": FORMAT, "step": step, "files": files, "complete": True}
-        # Written last: its presence (and matching sizes) is what makes the folder valid.
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{final.name}"  # one name all processes (and nodes) agree on
     try:
-        path = write_dir_atomically(root / step_dir_name(step), write)
+        if accelerator.is_main_process:
+            root.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp), safe_serialization=True)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            _finish(tmp, final, step, state, record)
+            if keep is not None:
+                prune(output_dir, keep)
     except OSError as exc:
         raise CheckpointError(f"Could not write checkpoint for step {step} in {root}: {exc}.",
                               "free disk space or choose another output_dir.") from exc
-    if keep is not None:
-        prune(output_dir, keep)
-    return path
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _finish(tmp: Path, final: Path, step: int, state: dict, record: dict) -> None:
+    for name, data in ((STATE, state), (RUN_RECORD, record)):
+        (tmp / name).write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+    manifest = {"format": FORMAT, "step": step, "files": files, "complete": True}
+    # Written last: its presence (and matching sizes) is what makes the folder valid.
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    _swap_into_place(tmp, final)
+
+
+def read_record(path: str | os.PathLike) -> dict:
+    """The run record of a checkpoint ({} when it cannot be read; validate() says why)."""
+    try:
+        return json.loads((Path(path) / RUN_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def load_checkpoint(accelerator, path: str | os.PathLike) -> tuple[dict, dict]:
+    """Restore the accelerator's state from ``path``; returns (state, run record)."""
+    path = Path(path)
+    problem = validate(path)
+    if problem:
+        raise CheckpointError(f"Cannot resume from {path}: {problem}.",
+                              "pass resume='auto' to use the newest valid checkpoint, or resume=None to start over.")
+    accelerator.load_state(str(path))
+    state = json.loads((path / STATE).read_text(encoding="utf-8"))
+    record = json.loads((path / RUN_RECORD).read_text(encoding="utf-8"))
+    return state, record
+
+
+def resume(accelerator, path: Path, record: dict) -> tuple[dict, list[tuple[str, str]]]:
+    """Check ``path`` belongs to the run ``record`` describes, restore it; returns
+    (the saved state.json, (text, level) messages for the run's log)."""
+    check_same_run(path, read_record(path), record)
+    state, saved_record = load_checkpoint(accelerator, path)
+    messages = [(f"Resumed from {path} (step {state.get('step')}).", "info")]
+    changes = compare_records(saved_record, record)
+    if changes:
+        messages.append(("Resuming on different hardware or software, results may differ slightly: "
+                         + "; ".join(changes) + ".", "warn"))
+    return state, messages
 
 
 def validate(path: Path) -> str | None:
@@ -232,6 +366,9 @@ def validate(path: Path) -> str | None:
         return "no readable manifest.json (the save did not finish)"
     if not manifest.get("complete"):
         return "manifest not marked complete"
+    if manifest.get("format") != FORMAT:
+        return (f"it was written by another workbench version (checkpoint format {manifest.get('format')}, "
+                f"this one reads {FORMAT})")
     for name, size in manifest.get("files", {}).items():
         file = Path(path) / name
         if not file.is_file():
@@ -284,15 +421,67 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str | None) -> Path | 
     return path
 
 
-def load_checkpoint(path: Path, names: tuple[str, ...]) -> tuple[dict[str, Any], dict, dict]:
-    """(objects by name, state, run record). Objects are loaded onto the CPU."""
-    objects = {}
-    for name in names:
-        file = Path(path) / f"{name}.pt"
-        if file.is_file():
-            # rng.pt holds numpy/python RNG tuples, which weights_only loading refuses;
-            # these files are our own, written by save_checkpoint.
-            objects[name] = torch.load(file, map_location="cpu", weights_only=(name != "rng"))
-    state = json.loads((Path(path) / STATE).read_text(encoding="utf-8"))
-    record = json.loads((Path(path) / RUN_RECORD).read_text(encoding="utf-8"))
-    return objects, state, record
+# ------------------------------------------------------------- weights and models
+def weights_finite(accelerator, model) -> bool:
+    """True when no trainable weight is NaN/inf, on every process. A tensor's max-abs
+    (inf-norm) is NaN/inf exactly when one of its values is: one fused pass and one host
+    sync cost far less than an isfinite().all() sync per tensor (~1 s per save for a
+    22M-parameter model)."""
+    tensors = [p.detach() for p in model.parameters() if p.requires_grad and p.numel()]
+    finite = True
+    if tensors:
+        norms = torch._foreach_norm([t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+                                     for t in tensors], ord=math.inf)
+        finite = bool(torch.isfinite(torch.stack(norms)).all())
+    return not any_process(accelerator, not finite)
+
+
+def keep_task_weights(accelerator, task) -> None:
+    """Checkpoints hold the weights the task names (all, or a LoRA adapter's), unwrapped, so
+    a run saved by N processes resumes on M; Accelerate saves and loads everything else."""
+    from accelerate.utils import extract_model_from_parallel as unwrap
+    from safetensors.torch import load_file
+
+    # The hooks must not hold the accelerator: it holds them, and the cycle would keep the
+    # DataLoaders (and their worker processes) alive after fit returns.
+    def save_weights(models, weights, output_dir):
+        for i, model in enumerate(models[:len(weights)]):  # FSDP saves its own shards: no weights
+            weights[i] = task.model_state(unwrap(model))
+
+    def load_weights(models, input_dir):
+        for i, model in enumerate(models):
+            name = "model.safetensors" if i == 0 else f"model_{i}.safetensors"
+            task.load_model_state(unwrap(model), load_file(Path(input_dir) / name))
+        models.clear()  # loaded: Accelerate must not load them again
+
+    accelerator.register_save_state_pre_hook(save_weights)
+    accelerator.register_load_state_pre_hook(load_weights)
+
+
+def save_model(accelerator, task, model, tokenizer, directory: Path, extra: dict | None = None) -> Path:
+    """The task's final (or best) model, written atomically by the main process. Call on every process."""
+    acc = accelerator
+    state_dict = acc.get_state_dict(model)  # every process: FSDP gathers the shards
+    if acc.is_main_process:
+        def write(tmp: Path) -> None:
+            with _no_hf_progress_bars():  # "Writing model shards" bars: noise in logs and cells
+                task.save_model(acc.unwrap_model(model), tokenizer, tmp, state_dict)
+            if extra:
+                (tmp / "best.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
+
+        write_dir_atomically(directory, write)
+    acc.wait_for_everyone()
+    return directory
+
+
+@contextlib.contextmanager
+def _no_hf_progress_bars():
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()

@@ -19,7 +19,7 @@ SUBCOMMANDS = {
     "doctor": ("workbench.diagnostics.cli", "diagnose the GPU, CUDA, PyTorch and Jupyter environment"),
     "lab": ("workbench.lab", "start a token-protected JupyterLab with the workbench"),
     "train": ("workbench.train_cli", "fine-tune from a parameter file (works under torchrun)"),
-    "watch": ("workbench.watch", "follow a run's progress from its event log"),
+    "watch": ("workbench.watcher", "follow a run's progress from its event log"),
     "regress": ("workbench.notebook_regression.cli", "run the notebooks headless and compare metrics with baselines"),
 }
 

@@ -10,6 +10,8 @@ Everything the dataset picker does is here as plain functions, so papermill runs
 - :func:`suggest_columns`, :func:`column_types`, :func:`preview_rows` and
   :func:`label_distribution` feed the picker's choosers, table and chart.
 
+- :func:`resolve_data_source` tells a local path from a hub id for a bare string.
+
 Every bad input raises :class:`~workbench.errors.DataError` whose message says what
 is wrong and whose ``fix`` says what to do. Files are checked *before* ``datasets``
 sees them (existence, emptiness, UTF-8, the Parquet magic bytes) because its own
@@ -23,12 +25,13 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.config import DatasetChoice
 from workbench.errors import DataError
+from workbench.sources import looks_like_local_path, nearby
 
 if TYPE_CHECKING:  # datasets is imported lazily: it takes ~1 s
     from datasets import Dataset, DatasetDict
@@ -68,6 +71,18 @@ LABEL_NAMES = [
 ]
 
 UTF8_CHUNK = 1 << 20  # bytes per read when checking the encoding
+
+# CSV/TSV cells are read as written: only a blank cell is missing. pandas' default also
+# turns "NA", "N/A", "None", "null", "nan"... into nulls, which silently drops real text
+# ("NA" the band, "None of it worked") and then blames the rows for being empty.
+CSV_READ_OPTIONS = {"keep_default_na": False, "na_values": [""]}
+# The strings pandas would have read as missing. In a *label* column they still mean
+# "no label" (an R or spreadsheet export writes NA there), so they are reported as such.
+MISSING_MARKERS = frozenset({
+    "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+    "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null",
+})
+HEADER_PEEK = 1 << 16  # bytes read to find the header line
 
 
 # ---------------------------------------------------------------- file checks
@@ -119,6 +134,8 @@ def check_file(path: str | os.PathLike) -> str:
         raise DataError(f"{path} is empty (0 bytes).", "write the data again or choose another file.")
     if suffix in TEXT_FORMATS:
         check_utf8(path)
+        if suffix in (".csv", ".tsv"):
+            check_delimiter(path)
     elif suffix == ".parquet":
         with path.open("rb") as f:
             head = f.read(4)
@@ -131,6 +148,41 @@ def check_file(path: str | os.PathLike) -> str:
                 " file the extension that matches its content.",
             )
     return suffix
+
+
+def check_delimiter(path: str | os.PathLike) -> None:
+    """A .csv whose header is tab-separated (or a .tsv with commas) is refused with a rename.
+
+    The extension decides how the file is read, here as in the picker, run.yaml and
+    pandas, so a mismatch is reported rather than guessed around: read as CSV, a TSV
+    is one column named "text\\tlabel", or pandas' "Expected 1 fields in line 14, saw 2"
+    at the first text with a comma in it. Only the header line is looked at: text
+    cells may hold any character, the column names rarely do.
+    """
+    path = Path(path)
+    with path.open("rb") as f:
+        head = f.read(HEADER_PEEK)
+    header = head.decode("utf-8-sig", errors="replace").splitlines()[0] if head.strip() else ""
+    suffix = path.suffix.lower()
+    if suffix == ".csv" and "," not in header and "\t" in header:
+        raise DataError(
+            f"{path} looks tab-separated (its header {header!r} has tabs and no commas), but it is"
+            " named .csv, so it would be read as a single column.",
+            f"rename it to {path.with_suffix('.tsv').name} (`mv {path} {path.with_suffix('.tsv')}`),"
+            " or save it comma-separated.",
+        )
+    if suffix == ".csv" and "," not in header and ";" in header:
+        raise DataError(
+            f"{path} looks semicolon-separated (its header {header!r} has semicolons and no"
+            " commas), as spreadsheets write CSV in locales with a decimal comma.",
+            "export it again with commas as the separator, or as tab-separated text named .tsv.",
+        )
+    if suffix == ".tsv" and "\t" not in header and "," in header:
+        raise DataError(
+            f"{path} looks comma-separated (its header {header!r} has commas and no tabs), but it"
+            " is named .tsv, so it would be read as a single column.",
+            f"rename it to {path.with_suffix('.csv').name} (`mv {path} {path.with_suffix('.csv')}`).",
+        )
 
 
 def _json_problem(path: Path) -> str | None:
@@ -164,8 +216,7 @@ def find_data_files(path: str | os.PathLike) -> tuple[str, dict[str, Any], dict[
     """
     path = Path(path).expanduser()
     if not path.exists():
-        raise DataError(f"{path} does not exist.",
-                        f"check the path (relative paths start at {Path.cwd()}).")
+        raise _not_found(str(path))
     if path.is_file():
         files = [path]
     else:
@@ -210,6 +261,8 @@ def load_files(path: str | os.PathLike) -> DatasetDict:
     builder, kwargs, splits = find_data_files(path)
     if builder == "csv":
         kwargs.setdefault("encoding", "utf-8-sig")  # a spreadsheet's BOM must not join the header
+        for key, value in CSV_READ_OPTIONS.items():
+            kwargs.setdefault(key, value)
     try:
         loaded = datasets.load_dataset(builder, data_files=splits, **kwargs)
     except Exception as e:  # pyarrow/pandas raise many types; each becomes one clear message
@@ -273,10 +326,39 @@ def load_hub(name: str, config_name: str | None = None) -> DatasetDict:
     return loaded
 
 
+def resolve_data_source(path: str | os.PathLike) -> str:
+    """``"files"`` or ``"hub"`` for a bare ``data`` string; DataError for a missing local path.
+
+    An existing file or folder is ``"files"``. A string that cannot be a hub dataset id
+    (see :func:`workbench.sources.looks_like_local_path`: a path mark or a data file
+    extension) and does not exist is a file that is not there, said as such; only a
+    plausible hub id (``stanfordnlp/sst2``, ``imdb``) is ``"hub"``.
+    """
+    text = str(path).strip()
+    if not text:
+        raise DataError("no dataset given.", "pass a file or folder path, or a hub dataset id.")
+    if Path(text).expanduser().exists():
+        return "files"
+    if isinstance(path, os.PathLike) or looks_like_local_path(text, FORMATS):
+        raise _not_found(text)
+    return "hub"
+
+
+def _not_found(text: str) -> DataError:
+    where = Path(text).expanduser().absolute()
+    return DataError(
+        f"file not found: {text} ({where} does not exist; {nearby(where, FORMATS)}).",
+        f"check the path (relative paths start at {Path.cwd()}); for a hub dataset give its id,"
+        " e.g. 'stanfordnlp/sst2'.",
+    )
+
+
 def load_raw(choice: DatasetChoice) -> DatasetDict:
     """Every split of the chosen source, unchecked (for the picker's preview)."""
     if choice.source == "files":
         return load_files(choice.path)
+    if looks_like_local_path(choice.path, FORMATS) and not Path(choice.path).expanduser().exists():
+        raise _not_found(choice.path)  # not a hub id: the hub's "offline" error would mislead
     return load_hub(choice.path, choice.config_name)
 
 
@@ -344,11 +426,51 @@ def check_columns(ds: Dataset, text_columns: Sequence[str], label_column: str,
                 f"choose a text column; columns with text here: "
                 f"{', '.join(c for c, t in types.items() if t == 'string') or 'none'}.",
             )
-        nulls = ds.data.column(column).null_count
-        if nulls:
+    check_texts(ds, text_columns, split)
+
+
+def check_texts(ds: Dataset, text_columns: Sequence[str], split: str = "train") -> None:
+    """Every text cell holds something to read: no nulls, no empty or whitespace-only strings.
+
+    Such a row trains as ``[CLS] [SEP]`` with a real label: silent noise the model
+    learns as "no words means class X". Counted with Arrow compute, so a million rows
+    cost milliseconds and nothing is copied into Python.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def blanks(values):
+        if pa.types.is_null(values.type):  # every value missing: Arrow could not even type it
+            return pa.chunked_array([pa.array([True] * len(values))])
+        trimmed = pc.utf8_trim_whitespace(values)
+        return pc.fill_null(pc.or_kleene(pc.is_null(values), pc.equal(trimmed, "")), True)
+
+    for column in text_columns:
+        # First over the whole table underneath (a select()/shuffle() view keeps it all):
+        # milliseconds, and clean data stops here. Only when it has blanks are the view's
+        # own rows taken out (seconds for a shuffled million rows) to count exactly.
+        values = ds.data.column(column)
+        if not (pa.types.is_null(values.type) or pa.types.is_string(values.type)
+                or pa.types.is_large_string(values.type)):
+            raise DataError(f"text column {column!r} holds {values.type}, not text, in split {split!r}.",
+                            "choose the column that holds the text (text_columns).")
+        blank = blanks(values)
+        if not pc.any(blank).as_py():
+            continue
+        values = ds.select_columns([column]).with_format("arrow")[:][column]
+        blank = blanks(values)
+        count = pc.sum(blank).as_py() or 0
+        if count:
+            rows = pc.indices_nonzero(blank.combine_chunks()).to_pylist()[:5]
+            nulls = values.null_count
+            parts = [f"{nulls} missing"] if nulls else []
+            parts += [f"{count - nulls} empty or whitespace-only"] if count - nulls else []
+            kinds = " and ".join(parts)
             raise DataError(
-                f"text column {column!r} has {nulls} empty (null) value(s) in split {split!r}.",
-                "fill or drop those rows before training (e.g. ds.filter(lambda r: r[col]))."
+                f"text column {column!r} has {count} value(s) with no text in split {split!r}"
+                f" ({kinds}; first at row(s) {', '.join(map(str, rows))}, counting from 0).",
+                "fill or drop those rows before training, e.g."
+                f" ds = ds.filter(lambda r: r[{column!r}] is not None and r[{column!r}].strip()).",
             )
 
 
@@ -367,17 +489,29 @@ def _is_integer_text(value: str) -> bool:
     return bool(re.fullmatch(r"\s*[-+]?\d+\s*", value))
 
 
-def check_labels(ds: Dataset, label_column: str, split: str = "train") -> list[Any]:
-    """Labels are one type, without gaps, with at least two classes; returns the sorted classes."""
+def check_labels(ds: Dataset, label_column: str, split: str = "train",
+                 missing_markers: Collection[str] = ()) -> list[Any]:
+    """Labels are one type, without gaps, with at least two classes; returns the sorted classes.
+
+    ``missing_markers``: strings that mean "no label" here (``MISSING_MARKERS`` for CSV/TSV,
+    whose cells are read as written).
+    """
     from datasets import ClassLabel, Value
 
     feature = ds.features[label_column]
     values = label_values(ds, label_column)
     missing = sum(v is None for v in values)
-    if missing:
+    markers = Counter(v for v in values if isinstance(v, str) and v in missing_markers)
+    if missing or markers:
+        written = ""
+        if markers:
+            written = " (" + ", ".join(f"{n} written as {m!r}" for m, n in markers.most_common(3)) + ")"
         raise DataError(
-            f"label column {label_column!r} has {missing} empty value(s) in split {split!r}.",
-            "give every row a label, or drop unlabeled rows before training.",
+            f"label column {label_column!r} has {missing + sum(markers.values())} empty value(s)"
+            f" in split {split!r}{written}.",
+            "give every row a label, or drop unlabeled rows before training"
+            + (f"; if {markers.most_common(1)[0][0]!r} really is a class, rename it in the file"
+               " (e.g. 'not_applicable')." if markers else "."),
         )
     kinds = sorted({type(v).__name__ for v in values})
     if not isinstance(feature, (ClassLabel, Value)) or len(kinds) > 1:
@@ -458,6 +592,15 @@ def stratified_split(ds: Dataset, label_column: str, fraction: float, seed: int)
     return parts["train"].remove_columns(stratum), parts["test"].remove_columns(stratum)
 
 
+def _is_csv(choice: DatasetChoice) -> bool:
+    """Whether the choice is CSV/TSV files (a folder holds one format; load_raw checked that)."""
+    if choice.source != "files":
+        return False
+    path = Path(choice.path).expanduser()
+    files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
+    return any(p.suffix.lower() in (".csv", ".tsv") for p in files)
+
+
 def _cap(ds: Dataset, limit: int | None, seed: int) -> Dataset:
     if limit is None or ds.num_rows <= limit:
         return ds
@@ -480,8 +623,9 @@ def load_choice(choice: DatasetChoice) -> DatasetDict:
         raise DataError(f"there is no split {choice.train_split!r}; available splits: {available}.",
                         "set train_split to one of them.")
     train = raw[choice.train_split]
+    markers = MISSING_MARKERS if _is_csv(choice) else ()
     check_columns(train, choice.text_columns, choice.label_column, choice.train_split)
-    classes = check_labels(train, choice.label_column, choice.train_split)
+    classes = check_labels(train, choice.label_column, choice.train_split, markers)
     keep = [*dict.fromkeys([*choice.text_columns, choice.label_column])]
 
     eval_split = choice.eval_split
@@ -496,7 +640,7 @@ def load_choice(choice: DatasetChoice) -> DatasetDict:
     else:
         validation = raw[eval_split]
         check_columns(validation, choice.text_columns, choice.label_column, eval_split)
-        eval_classes = check_labels_loose(validation, choice.label_column, eval_split)
+        eval_classes = check_labels_loose(validation, choice.label_column, eval_split, markers)
         if type(eval_classes[0]) is not type(classes[0]):
             raise DataError(
                 f"labels are {type(classes[0]).__name__} in train but "
@@ -515,10 +659,11 @@ def load_choice(choice: DatasetChoice) -> DatasetDict:
     return DatasetDict(train=train, validation=validation)
 
 
-def check_labels_loose(ds: Dataset, label_column: str, split: str) -> list[Any]:
+def check_labels_loose(ds: Dataset, label_column: str, split: str,
+                       missing_markers: Collection[str] = ()) -> list[Any]:
     """Like check_labels, but one class is fine (a small eval split may hold one)."""
     try:
-        return check_labels(ds, label_column, split)
+        return check_labels(ds, label_column, split, missing_markers)
     except DataError as e:
         if "single class" not in e.message:
             raise

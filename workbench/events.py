@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from workbench.errors import WorkbenchError
+from workbench.errors import NoEventLogError, WorkbenchError
 
 EVENTS_FILE = "events.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -313,11 +313,7 @@ def follow(
     waited = 0.0
     while not path.exists():
         if wait_for_log_s is not None and waited >= wait_for_log_s:
-            raise WorkbenchError(
-                f"{output_dir} has no event log ({EVENTS_FILE}) after waiting {waited:.0f} s.",
-                "start the run first (fit(...) or `workbench train`) with this output_dir, "
-                "or check that this is the run's output folder.",
-            )
+            raise NoEventLogError(output_dir, waited_s=waited)
         sleep(poll_s)
         waited += poll_s
 

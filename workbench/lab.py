@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -27,6 +28,121 @@ DEFAULT_PORT = 8888
 DEFAULT_IP = "127.0.0.1"  # loopback: reach it from elsewhere through an SSH tunnel
 CONFIG_ENV = "WORKBENCH_SERVER_CONFIG"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+# --- extra JupyterLab options: an allow-list ------------------------------------------------
+# `workbench lab -- OPTIONS` and the image's entry point pass only these on. A deny-list
+# loses to the next trait name (identity_provider_class, jpserver_extensions, --config,
+# tornado_settings...); everything about credentials, extensions, config files, origins,
+# XSRF, the Host check, headers or CSP comes from the workbench configuration instead.
+# Each option maps to a check of its value that returns what is wrong, or None.
+
+
+def _number(low: float, high: float, kind: type = int) -> Callable[[str], str | None]:
+    def check(value: str) -> str | None:
+        try:
+            number = kind(value)
+        except ValueError:
+            return f"is not a {'whole ' if kind is int else ''}number"
+        return None if low <= number <= high else f"is not between {low:g} and {high:g}"
+    return check
+
+
+def _boolean(value: str) -> str | None:
+    return None if value.lower() in ("true", "false", "1", "0") else "is not True or False"
+
+
+def _text(value: str) -> str | None:
+    # No line breaks (the entry point passes options one per line) and no @file expansion.
+    if re.search(r"[\r\n\0]", value) or value.startswith("@"):
+        return "contains a line break or starts with @"
+    return None
+
+
+def _url_path(value: str) -> str | None:
+    # A path on this server: "//evil.example" would make the redirect from / go elsewhere.
+    if not re.fullmatch(r"/([A-Za-z0-9._~-]+/?)*", value) or value.startswith("//"):
+        return "is not a path on this server such as /lab or /user/me/"
+    return None
+
+
+def _host(value: str) -> str | None:
+    return None if re.fullmatch(r"[A-Za-z0-9.:\[\]-]+", value) else "is not an IP address or host name"
+
+
+_LOG_LEVEL = {"DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL", "10", "20", "30", "40", "50"}
+
+
+def _log_level(value: str) -> str | None:
+    return None if value.upper() in _LOG_LEVEL else f"is not one of {', '.join(sorted(_LOG_LEVEL))}"
+
+
+_PORT = _number(1, 65535)
+_RATE = _number(0, 1e15, float)
+SERVER_OPTIONS: dict[str, Callable[[str], str | None]] = {
+    "port": _PORT, "ServerApp.port": _PORT,
+    "ip": _host, "ServerApp.ip": _host,
+    "notebook-dir": _text, "ServerApp.root_dir": _text, "ServerApp.notebook_dir": _text,
+    "preferred-dir": _text, "ServerApp.preferred_dir": _text,
+    "ServerApp.base_url": _url_path, "ServerApp.default_url": _url_path, "LabApp.default_url": _url_path,
+    "browser": _text, "ServerApp.browser": _text, "ServerApp.open_browser": _boolean,
+    "log-level": _log_level, "ServerApp.log_level": _log_level, "Application.log_level": _log_level,
+    "LabApp.log_level": _log_level,
+    "ServerApp.shutdown_no_activity_timeout": _number(0, 10**9),
+    "ServerApp.terminals_enabled": _boolean,
+    "ServerApp.max_body_size": _number(0, 2**63), "ServerApp.max_buffer_size": _number(0, 2**63),
+    "ServerApp.iopub_data_rate_limit": _RATE, "ServerApp.iopub_msg_rate_limit": _RATE,
+    "ServerApp.rate_limit_window": _RATE,
+    "ZMQChannelsWebsocketConnection.iopub_data_rate_limit": _RATE,
+    "ZMQChannelsWebsocketConnection.iopub_msg_rate_limit": _RATE,
+    "ZMQChannelsWebsocketConnection.rate_limit_window": _RATE,
+    "ContentsManager.allow_hidden": _boolean, "FileContentsManager.allow_hidden": _boolean,
+}
+SERVER_FLAGS = frozenset({"no-browser", "debug", "no-mathjax"})
+
+
+def check_server_options(args: Sequence[str]) -> list[str]:
+    """Check extra JupyterLab options against the allow-list; return them as ``--name=value``.
+
+    The canonical form means nothing after the check is parsed differently by Jupyter
+    (a value that looks like an option, an ``@file``). Raises LabConfigError naming the
+    first option that is not allowed, with what to do instead.
+    """
+    checked: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        name, has_value, value = arg[2:].partition("=") if arg.startswith("--") else ("", False, "")
+        if not name:
+            raise LabConfigError(
+                f"{arg!r} is not an option (only --name=value options are passed to JupyterLab).",
+                "give the folder with --notebook-dir, and options as --ServerApp.port=8899.",
+            )
+        if name in SERVER_FLAGS and not has_value:
+            checked.append(arg)
+            index += 1
+            continue
+        check = SERVER_OPTIONS.get(name)
+        if check is None:
+            raise LabConfigError(
+                f"--{name} is not among the JupyterLab options the workbench passes on. Credentials, "
+                "extensions, config files, identity provider, authorizer, origins, XSRF, the Host "
+                "check, headers and CSP come from the workbench configuration only.",
+                "remove it. Allowed: " + ", ".join(f"--{n}" for n in sorted(SERVER_FLAGS | set(SERVER_OPTIONS)))
+                + ". Tokens come from JUPYTER_TOKEN / JUPYTER_TOKEN_FILE, host names from "
+                "WORKBENCH_LOCAL_HOSTNAMES.",
+            )
+        if not has_value:
+            if index + 1 >= len(args) or args[index + 1].startswith("-"):
+                raise LabConfigError(f"--{name} needs a value.", f"write it as --{name}=VALUE.")
+            index += 1
+            value = args[index]
+        problem = check(value)
+        if problem:
+            raise LabConfigError(f"--{name}={value!r}: the value {problem}.", f"give --{name} a valid value.")
+        checked.append(f"--{name}={value}")
+        index += 1
+    return checked
 
 
 @dataclass
@@ -72,7 +188,7 @@ def build_command(
     euid: int | None = None,
     python: str = sys.executable,
 ) -> LabCommand:
-    """Build the JupyterLab command line; raises LabConfigError for a bad port or folder."""
+    """Build the JupyterLab command line; raises LabConfigError for a bad port, folder or option."""
     env = dict(os.environ if environ is None else environ)
     euid = os.geteuid() if euid is None else euid
     if not 1 <= int(port) <= 65535:
@@ -106,7 +222,7 @@ def build_command(
             "Host-header check accepts only loopback addresses and WORKBENCH_LOCAL_HOSTNAMES; "
             "prefer `ssh -L 8888:127.0.0.1:8888 host` to opening the port."
         )
-    argv += list(extra_args)
+    argv += check_server_options(extra_args)
     return LabCommand(argv=argv, env=env, warnings=warnings)
 
 
@@ -148,7 +264,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "jupyter_args", nargs=argparse.REMAINDER,
-        help="after --: extra JupyterLab options (unsafe ones are refused at start)",
+        help="after --: extra JupyterLab options from an allow-list (port, folders, base URL, "
+        "browser, log level, rate limits); others are refused",
     )
 
 
@@ -157,3 +274,27 @@ def run_cli(args: argparse.Namespace) -> int:
     if extra and extra[0] == "--":
         extra = extra[1:]
     return launch(args.port, args.ip, args.notebook_dir, extra, print_only=args.print_command)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m workbench.lab --check-options -- OPTIONS``: the entry point's allow-list.
+
+    Prints the checked options one per line (exit 0), or the reason and the fix (exit 2).
+    """
+    args = list(argv)
+    if args[:1] != ["--check-options"]:
+        print("usage: python -m workbench.lab --check-options -- [OPTIONS...]", file=sys.stderr)
+        return 2
+    args = args[2:] if args[1:2] == ["--"] else args[1:]
+    try:
+        checked = check_server_options(args)
+    except LabConfigError as exc:
+        print(f"workbench: refusing the server options: {exc}", file=sys.stderr)
+        return 2
+    for option in checked:
+        print(option)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

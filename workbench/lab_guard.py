@@ -14,24 +14,58 @@ Why ``SystemExit`` and not an exception: jupyter_server swallows exceptions rais
 by a config file (logged, then it starts anyway) and by an extension loader (unless
 ``reraise_server_extension_failures``). ``SystemExit`` is not an ``Exception``, so
 it stops the server in both places; its message is the ``LabConfigError`` text.
+
+What a configuration cannot switch off (security round 2):
+
+* the guard itself: :func:`pin_guard_extension` (called by the configuration file)
+  re-enables this extension after every config file and the command line, and stops
+  the server if it did not run;
+* the origin check, also for token-authenticated requests
+  (``workbench.lab_identity.WorkbenchIdentityProvider``, checked here);
+* tokens in the log: :func:`install_log_redaction` rewrites every log record;
+* the token in kernels and terminals: :func:`scrub_server_environment` removes it from
+  the server's environment, which kernels and terminals copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import os
+import re
 import secrets
 import stat
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.errors import LabConfigError
 
-# 32 characters of a random token is >= 160 bits even for hex; secrets.token_urlsafe(32)
-# gives 43 characters (256 bits). Shorter tokens are refused: they get guessed or reused.
+# secrets.token_urlsafe(32) gives 43 characters (256 bits). Shorter tokens are refused:
+# they get guessed or reused. Length alone is not enough (32 x "a" is 32 characters), so
+# a token must also use 16+ different characters, or carry an estimated 128 bits:
+# length x log2(distinct characters), an upper bound of what it can hold. A random
+# 64-character hex token passes (256); a 32-character hex one (128 at most) passes only
+# when all 16 hex digits occur, so the message points at the two commands that always pass.
 MIN_TOKEN_LENGTH = 32
+MIN_TOKEN_BITS = 128
+MIN_TOKEN_DISTINCT = 16
+MAKE_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+GUARD_EXTENSION = "workbench.lab_guard"
+IDENTITY_PROVIDER = "workbench.lab_identity.WorkbenchIdentityProvider"
+# Removed from the server's environment once read, so that kernels and terminals (which
+# copy it) never see them: `!env` in a notebook would save them into the .ipynb.
+SCRUBBED_ENV = ("JUPYTER_TOKEN", "WORKBENCH_PASSWORD_HASH")
+# tornado_settings keys a config may set. Everything else there can switch a protection
+# off behind the server's back (xsrf_cookies, allow_origin, local_hostnames, cookie
+# kwargs, log_function...), so it is refused; `headers` is checked header by header.
+ALLOWED_TORNADO_SETTINGS = frozenset({
+    "headers", "compress_response", "static_hash_cache", "websocket_max_message_size",
+    "websocket_ping_interval", "websocket_ping_timeout", "ws_ping_interval", "ws_ping_timeout",
+})
 
 ALLOW_ROOT_ENV = "WORKBENCH_ALLOW_ROOT"
 PASSWORD_HASH_ENV = "WORKBENCH_PASSWORD_HASH"
@@ -54,6 +88,9 @@ _REFUSAL = "workbench: the Jupyter server refuses to start: "
 # the same token must come back, and be printed once).
 _generated_token: str | None = None
 _url_printed = False
+# The credentials resolved from os.environ, kept because resolve_token() removes the
+# token from the environment (scrub_server_environment) and may be called again.
+_resolved: TokenChoice | None = None
 
 
 @dataclass(frozen=True)
@@ -65,18 +102,37 @@ class TokenChoice:
     hashed_password: str = ""
 
 
-def _check_token(token: str, where: str) -> str:
+def token_strength(token: str) -> tuple[float, int]:
+    """(estimated bits, distinct characters) of a token: length x log2(distinct characters)."""
+    distinct = len(set(token))
+    return (len(token) * math.log2(distinct) if distinct > 1 else 0.0), distinct
+
+
+def token_problem(token: str) -> str | None:
+    """Why a token (already stripped) is too weak, or None: empty, short, or predictable."""
     if not token:
-        raise LabConfigError(
-            f"{where} is empty: an empty token turns authentication off.",
-            f"put a random token of at least {MIN_TOKEN_LENGTH} characters in {where}, e.g. "
-            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`, or unset it to "
-            "have one generated.",
-        )
+        return "is empty: an empty token turns authentication off."
     if len(token) < MIN_TOKEN_LENGTH:
+        return f"is {len(token)} characters long; at least {MIN_TOKEN_LENGTH} are required."
+    bits, distinct = token_strength(token)
+    if distinct < MIN_TOKEN_DISTINCT and bits < MIN_TOKEN_BITS:
+        return (
+            f"is too predictable: {len(token)} characters but only {distinct} different ones "
+            f"(about {bits:.0f} bits; at least {MIN_TOKEN_BITS} bits or {MIN_TOKEN_DISTINCT} "
+            "different characters are required)."
+        )
+    return None
+
+
+def _check_token(token: str, where: str) -> str:
+    """The token without surrounding whitespace, or LabConfigError saying how to make a good one."""
+    token = token.strip()  # "  " must count as empty, and a newline from `echo > file` as nothing
+    problem = token_problem(token)
+    if problem:
         raise LabConfigError(
-            f"{where} is {len(token)} characters long; at least {MIN_TOKEN_LENGTH} are required.",
-            "use `python -c 'import secrets; print(secrets.token_urlsafe(32))'` to make one.",
+            f"{where} {problem}",
+            f"make a random token with `{MAKE_TOKEN}` (or `openssl rand -hex 32`) and put it in "
+            f"{where}, or unset it to have one generated.",
         )
     return token
 
@@ -97,17 +153,38 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
             "other users can read or change the token.",
             f"run `chmod 600 {path}` so that only its owner can read it.",
         )
-    return _check_token(path.read_text(encoding="utf-8").strip(), f"JUPYTER_TOKEN_FILE ({path})")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        # A compose secret is the host file as it is: it must belong to the image's user.
+        raise LabConfigError(
+            f"JUPYTER_TOKEN_FILE={str(path)!r} (owner uid {info.st_uid}) cannot be read by uid "
+            f"{os.geteuid()} ({exc.strerror}).",
+            f"give the file to the server's user (`chown {os.geteuid()} {path}`, or build the image "
+            "with your uid: WORKBENCH_UID), keeping `chmod 600`.",
+        ) from exc
+    return _check_token(text, f"JUPYTER_TOKEN_FILE ({path})")
 
 
 def resolve_token(environ: Mapping[str, str] | None = None) -> TokenChoice:
     """Pick the server's credentials: JUPYTER_TOKEN, JUPYTER_TOKEN_FILE, a password hash, or a new token.
 
-    Raises LabConfigError for an empty or short token, a token file others can read,
-    or a password that is not a hash.
+    Raises LabConfigError for an empty, short or predictable token, a token file others
+    can read, or a password that is not a hash. From os.environ (``environ`` None) the
+    answer is kept for the process: the configuration removes the token from the
+    environment afterwards, and Jupyter may load the configuration twice.
     """
+    global _resolved
+    if environ is None and _resolved is not None:
+        return _resolved
+    choice = _resolve_token(os.environ if environ is None else environ)
+    if environ is None:
+        _resolved = choice
+    return choice
+
+
+def _resolve_token(env: Mapping[str, str]) -> TokenChoice:
     global _generated_token
-    env = os.environ if environ is None else environ
     hashed_password = env.get(PASSWORD_HASH_ENV, "").strip()
     if hashed_password and not hashed_password.startswith(_PASSWORD_HASH_PREFIXES):
         raise LabConfigError(
@@ -200,9 +277,12 @@ def check_versions(installed: Mapping[str, str | None] | None = None) -> None:
 def check_settings(settings: Mapping[str, object]) -> None:
     """Raise LabConfigError for the first unsafe value among the server's effective settings.
 
-    ``settings`` keys (see :func:`effective_settings`): token, hashed_password,
-    auth_enabled, disable_check_xsrf, xsrf_cookies, allow_origin, allow_origin_pat,
-    allow_remote_access, nbconvert_csp_sandbox, euid.
+    ``settings`` keys (see :func:`effective_settings`; a missing key counts as safe):
+    token, hashed_password, auth_enabled, disable_check_xsrf, xsrf_cookies, allow_origin,
+    allow_origin_pat, allow_remote_access, nbconvert_csp_sandbox, euid,
+    allow_unauthenticated_access, allow_password_change, tornado_settings, headers,
+    local_hostnames, identity_provider_ok, identity_provider, auth_handlers, runtime_dir,
+    insecure_writes, gateway_url, websocket_url.
     """
     token = str(settings.get("token") or "")
     hashed_password = str(settings.get("hashed_password") or "")
@@ -215,25 +295,64 @@ def check_settings(settings: Mapping[str, object]) -> None:
             f"{PASSWORD_HASH_ENV}, or let the server generate a token.",
         )
     if token:
+        if token != token.strip():
+            raise LabConfigError(
+                "the server token (IdentityProvider.token) starts or ends with whitespace.",
+                "remove the spaces or newline around the token in the setting that gives it.",
+            )
         _check_token(token, "the server token (IdentityProvider.token)")
+    if settings.get("allow_unauthenticated_access"):
+        raise LabConfigError(
+            "ServerApp.allow_unauthenticated_access=True (or JUPYTER_SERVER_ALLOW_UNAUTHENTICATED_"
+            "ACCESS) lets handlers that forget their authentication check answer anyone.",
+            "remove allow_unauthenticated_access from the command line, the Jupyter config files "
+            "and the environment.",
+        )
+    if not settings.get("identity_provider_ok", True):
+        raise LabConfigError(
+            f"the identity provider is {settings.get('identity_provider')}, not the workbench's "
+            f"({IDENTITY_PROVIDER}), which refuses cross-origin requests even with the token.",
+            "remove ServerApp.identity_provider_class (and ServerApp.login_handler_class) from "
+            "the command line and the Jupyter config files.",
+        )
+    handlers = settings.get("auth_handlers")
+    if handlers is not None and handlers != _DEFAULT_AUTH_HANDLERS:
+        raise LabConfigError(
+            f"the login/logout handlers are {', '.join(handlers)} (IdentityProvider.login_handler_class "  # type: ignore[arg-type]
+            "or ServerApp.login_handler_class): a custom login handler decides who gets in.",
+            "remove login_handler_class / logout_handler_class from the command line and the "
+            "Jupyter config files.",
+        )
+    if settings.get("allow_password_change"):
+        raise LabConfigError(
+            "allow_password_change=True lets anyone with the token set a password that outlives it "
+            "(written into the Jupyter config folder).",
+            "remove PasswordIdentityProvider.allow_password_change / ServerApp.allow_password_change; "
+            f"set {PASSWORD_HASH_ENV} to use a password.",
+        )
     if settings.get("disable_check_xsrf") or settings.get("xsrf_cookies") is False:
         raise LabConfigError(
             "XSRF protection is disabled (ServerApp.disable_check_xsrf=True): any web page you "
             "visit could post to the server with your cookie.",
             "remove disable_check_xsrf from the command line and the Jupyter config files.",
         )
-    if settings.get("allow_origin") == "*":
-        raise LabConfigError(
-            "ServerApp.allow_origin='*' lets every web site call the server's API.",
-            "remove allow_origin, or name the one origin that needs access "
-            "(e.g. --ServerApp.allow_origin=https://tools.example.org).",
-        )
+    check_allow_origin(str(settings.get("allow_origin") or ""))
     if settings.get("allow_origin_pat"):
         raise LabConfigError(
             "ServerApp.allow_origin_pat is set; origin patterns have had bypasses "
             "(CVE-2026-40110, PYSEC-2026-3472 is still unfixed).",
             "remove allow_origin_pat and set allow_origin to the exact origin instead.",
         )
+    tornado_settings = settings.get("tornado_settings") or {}
+    unknown = sorted(set(tornado_settings) - ALLOWED_TORNADO_SETTINGS)  # type: ignore[arg-type]
+    if unknown:
+        raise LabConfigError(
+            f"ServerApp.tornado_settings sets {', '.join(map(repr, unknown))}: these bypass the "
+            "server's own settings and the workbench's checks.",
+            "remove them; tornado_settings may only hold "
+            f"{', '.join(sorted(ALLOWED_TORNADO_SETTINGS))}.",
+        )
+    check_headers(settings.get("headers") or {})  # type: ignore[arg-type]
     if settings.get("allow_remote_access"):
         raise LabConfigError(
             "the Host-header check is off (ServerApp.allow_remote_access=True), which opens the "
@@ -241,14 +360,136 @@ def check_settings(settings: Mapping[str, object]) -> None:
             f"remove allow_remote_access; list the name you browse to in {LOCAL_HOSTNAMES_ENV} "
             "(comma-separated), or reach the server through an SSH tunnel to 127.0.0.1.",
         )
+    hostnames = settings.get("local_hostnames")
+    if hostnames is not None:
+        extra = sorted(set(hostnames) - set(local_hostnames()))  # type: ignore[arg-type]
+        if extra:
+            raise LabConfigError(
+                f"ServerApp.local_hostnames adds {', '.join(extra)} behind the Host-header check.",
+                f"remove local_hostnames from the config files and list the names in "
+                f"{LOCAL_HOSTNAMES_ENV} (comma-separated) instead.",
+            )
     if settings.get("nbconvert_csp_sandbox") is False:
         raise LabConfigError(
             "ServerApp.nbconvert_csp_sandbox=False lets exported notebooks run script in the "
             "server's origin (CVE-2026-44727).",
             "remove nbconvert_csp_sandbox from the command line and the Jupyter config files.",
         )
+    if settings.get("websocket_url"):
+        raise LabConfigError(
+            f"ServerApp.websocket_url={settings['websocket_url']!r} sends the browser's kernel and "
+            "terminal connections, with their credentials, to another address.",
+            "remove websocket_url; the browser then connects to this server itself.",
+        )
+    if settings.get("insecure_writes"):
+        raise LabConfigError(
+            "JUPYTER_ALLOW_INSECURE_WRITES is set: Jupyter would write its connection files and "
+            "cookie secret readable by other users.",
+            "unset JUPYTER_ALLOW_INSECURE_WRITES; give the runtime folder to the server's user instead.",
+        )
+    if settings.get("gateway_url"):
+        raise LabConfigError(
+            f"kernels would run on a remote gateway ({settings['gateway_url']}), which receives "
+            "every cell and the gateway's credentials.",
+            "unset JUPYTER_GATEWAY_URL / GatewayClient.url; the workbench runs its kernels locally.",
+        )
+    if settings.get("runtime_dir"):
+        check_runtime_dir(str(settings["runtime_dir"]))
     euid = settings.get("euid")
     check_root(euid if isinstance(euid, int) else None)
+
+
+_DEFAULT_AUTH_HANDLERS = ["jupyter_server.auth.login.LoginFormHandler", "jupyter_server.auth.logout.LogoutHandler"]
+
+# An exact origin: scheme://host[:port], nothing else (no path, no "null", no wildcard).
+_ORIGIN = re.compile(r"https?://(\[[0-9a-f:.]+\]|[a-z0-9]([a-z0-9.-]*[a-z0-9])?)(:[0-9]{1,5})?")
+
+
+def check_allow_origin(value: str) -> None:
+    """ServerApp.allow_origin may be empty (same origin only) or one exact origin."""
+    if not value:
+        return
+    if value == "*":
+        raise LabConfigError(
+            "ServerApp.allow_origin='*' lets every web site call the server's API.",
+            "remove allow_origin, or name the one origin that needs access "
+            "(e.g. --ServerApp.allow_origin=https://tools.example.org).",
+        )
+    if not _ORIGIN.fullmatch(value):
+        raise LabConfigError(
+            f"ServerApp.allow_origin={value!r} is not one exact origin: 'null' is what sandboxed "
+            "frames and files send, and anything but scheme://host[:port] is a pattern.",
+            "remove allow_origin, or set it to one lower-case origin such as https://tools.example.org:8443.",
+        )
+
+
+def origin_allowed(origin: str, host: str, allow_origin: str = "") -> bool:
+    """Whether a request's Origin is the server's own (its Host) or the configured exact origin."""
+    origin = origin.strip().lower()
+    if allow_origin and origin == allow_origin.lower():
+        return True
+    scheme, sep, netloc = origin.partition("://")
+    return bool(sep) and scheme in ("http", "https") and netloc == host.lower() and "/" not in netloc
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """Headers from tornado_settings: no CORS headers, and a CSP that keeps framing to this origin."""
+    for name, value in headers.items():
+        lname = name.lower()
+        if lname.startswith("access-control-"):
+            raise LabConfigError(
+                f"tornado_settings sets the header {name}: {value}, which lets other web sites "
+                "read the server's answers.",
+                "remove it from ServerApp.tornado_settings['headers']; set ServerApp.allow_origin "
+                "to one exact origin if a tool really needs access.",
+            )
+        if lname == "content-security-policy":
+            directives = {
+                part.split()[0].lower(): part.split()[1:]
+                for part in str(value).split(";") if part.split()
+            }
+            ancestors = directives.get("frame-ancestors")
+            if not ancestors or not set(ancestors) <= {"'self'", "'none'"}:
+                raise LabConfigError(
+                    f"tornado_settings sets Content-Security-Policy: {value!r}, which lets other "
+                    "web sites frame the server (clickjacking) or drops the server's own policy.",
+                    "remove the header, or keep frame-ancestors 'self' (or 'none') in it.",
+                )
+
+
+def check_runtime_dir(path: str, euid: int | None = None) -> None:
+    """Jupyter's runtime folder holds the token (jpserver-*.json) and kernel keys: owner only."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return  # not there yet: Jupyter creates it with mode 700
+    euid = os.geteuid() if euid is None else euid
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO) or info.st_uid != euid:
+        raise LabConfigError(
+            f"Jupyter's runtime folder {path} has mode {stat.S_IMODE(info.st_mode):o} and owner "
+            f"uid {info.st_uid}: other users could read the server's token and kernel keys there.",
+            f"run `chmod 700 {path}` as its owner (uid {euid}), or point JUPYTER_RUNTIME_DIR at "
+            "a folder only you can open.",
+        )
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Environment variables that weaken Jupyter whatever the configuration says."""
+    env = os.environ if environ is None else environ
+    check_settings({
+        "token": "", "hashed_password": "argon2:", "auth_enabled": True,  # checked elsewhere
+        "insecure_writes": env.get("JUPYTER_ALLOW_INSECURE_WRITES", "").lower() in ("1", "true"),
+        "allow_unauthenticated_access": env.get(
+            "JUPYTER_SERVER_ALLOW_UNAUTHENTICATED_ACCESS", "").lower() in ("true", "yes"),
+        "gateway_url": env.get("JUPYTER_GATEWAY_URL", ""),
+        "euid": 1000,  # root is checked by check_root, with its own allow
+    })
+
+
+def scrub_server_environment() -> None:
+    """Remove the credentials from os.environ: kernels and terminals copy it when they start."""
+    for name in SCRUBBED_ENV:
+        os.environ.pop(name, None)
 
 
 def effective_settings(serverapp) -> dict[str, object]:
@@ -263,18 +504,140 @@ def effective_settings(serverapp) -> dict[str, object]:
             return web_settings[name]
         return getattr(serverapp, name, default)
 
+    try:
+        from workbench.lab_identity import WorkbenchIdentityProvider
+
+        identity_ok = isinstance(identity, WorkbenchIdentityProvider)
+    except ImportError:
+        identity_ok = False
+    gateway = getattr(serverapp, "gateway_config", None)
     return {
         "token": identity.token or "",
         "hashed_password": getattr(identity, "hashed_password", "") or "",
         "auth_enabled": bool(identity.auth_enabled),
+        "identity_provider_ok": identity_ok,
+        "identity_provider": f"{type(identity).__module__}.{type(identity).__qualname__}",
+        # ServerApp.allow_password_change (deprecated) is ignored when the provider's is set,
+        # as ours is; asking for it anyway is refused rather than silently dropped.
+        "allow_password_change": bool(getattr(identity, "allow_password_change", False))
+        or bool(serverapp.config.get("ServerApp", {}).get("allow_password_change", False)),
+        "auth_handlers": [
+            f"{cls.__module__}.{cls.__qualname__}"
+            for cls in (identity.login_handler_class, identity.logout_handler_class)
+        ] + ([f"ServerApp.login_handler_class={serverapp.config.ServerApp.login_handler_class}"]
+             if "login_handler_class" in serverapp.config.get("ServerApp", {}) else []),
+        "allow_unauthenticated_access": pick("allow_unauthenticated_access", False),
         "disable_check_xsrf": pick("disable_check_xsrf", False),
         "xsrf_cookies": web_settings.get("xsrf_cookies", True),
         "allow_origin": pick("allow_origin", ""),
         "allow_origin_pat": serverapp.allow_origin_pat or web_settings.get("allow_origin_pat"),
+        # What config files and the command line asked for: the trait itself also holds
+        # what jupyter_server copies into it (token, cookie_options, allow_origin...).
+        "tornado_settings": {
+            **dict(serverapp.config.get("NotebookApp", {}).get("tornado_settings", {}) or {}),
+            **dict(serverapp.config.get("ServerApp", {}).get("tornado_settings", {}) or {}),
+        },
+        "headers": dict(web_settings.get("headers") or {}),
         "allow_remote_access": pick("allow_remote_access", False),
+        "local_hostnames": list(pick("local_hostnames", []) or []),
         "nbconvert_csp_sandbox": pick("nbconvert_csp_sandbox", True),
+        "insecure_writes": os.environ.get("JUPYTER_ALLOW_INSECURE_WRITES", "").lower() in ("1", "true"),
+        "gateway_url": (gateway.url or "") if gateway is not None and gateway.gateway_enabled else "",
+        "websocket_url": serverapp.websocket_url or "",
+        "runtime_dir": serverapp.runtime_dir,
         "euid": os.geteuid(),
     }
+
+
+# --- what no configuration can switch off ---------------------------------------------------
+
+
+def pin_guard_extension() -> None:
+    """Keep this extension enabled whatever the config files and the command line say.
+
+    Config files and ``--ServerApp.jpserver_extensions=workbench.lab_guard=False`` all
+    land in the ``jpserver_extensions`` trait before ``init_server_extensions`` reads it;
+    re-asserting it there is the last word. After the extensions are loaded, a server
+    whose guard did not run (switched off, failed to import, shadowed) is stopped.
+    """
+    from jupyter_server.serverapp import ServerApp
+
+    if getattr(ServerApp, "_workbench_guard_pinned", False):
+        return  # the configuration may be loaded more than once
+    init_server_extensions = ServerApp.init_server_extensions
+    load_server_extensions = ServerApp.load_server_extensions
+
+    def init_with_guard(self) -> None:
+        if self.jpserver_extensions.get(GUARD_EXTENSION) is not True:
+            self.log.warning("workbench: %s was disabled by configuration; enabling it again.",
+                             GUARD_EXTENSION)
+        self.jpserver_extensions = {**self.jpserver_extensions, GUARD_EXTENSION: True}
+        init_server_extensions(self)
+
+    def load_and_verify(self) -> None:
+        load_server_extensions(self)
+        if getattr(self, "_workbench_guard_ran", False) is not True:
+            raise refuse(LabConfigError(
+                f"the {GUARD_EXTENSION} server extension did not run, so the server's settings "
+                "were not checked.",
+                "look for an import error above (a module named `workbench` earlier on the "
+                "Python path?) and reinstall the workbench (`bash scripts/setup.sh`).",
+            ))
+
+    ServerApp.init_server_extensions = init_with_guard
+    ServerApp.load_server_extensions = load_and_verify
+    ServerApp._workbench_guard_pinned = True
+
+
+# Query parameters and headers that carry credentials, wherever they appear in a log line.
+_SECRET_PARAM = re.compile(r"((?:token|_xsrf|xsrf|password|auth)[\w-]*=)([^&\s\"'<>#;,)]+)", re.IGNORECASE)
+_SECRET_HEADER = re.compile(
+    r"((?:authorization|cookie|x-xsrftoken)[\"']?\s*[:=]\s*[\"']?)([^\"'\r\n,}]+)", re.IGNORECASE
+)
+_SECRET_JSON = re.compile(r"([\"'](?:token|password)[\"']\s*:\s*[\"'])([^\"']+)", re.IGNORECASE)
+_secrets: set[str] = set()
+_log_factory_installed = False
+
+
+def redact(text: str) -> str:
+    """The text with tokens, Authorization / Cookie values and the server's own token replaced."""
+    for secret in _secrets:
+        text = text.replace(secret, "[secret]")
+    text = _SECRET_PARAM.sub(r"\1[secret]", text)
+    text = _SECRET_HEADER.sub(r"\1[secret]", text)
+    return _SECRET_JSON.sub(r"\1[secret]", text)
+
+
+def install_log_redaction(secrets_: Iterable[str] = ()) -> None:
+    """Redact every log record of this process, from any logger (tornado's included).
+
+    A record factory, not a Filter: filters sit on one logger or handler, and tornado's
+    loggers, the ServerApp's and the extensions' each have their own. The factory runs
+    when a record is created, only for records whose level is enabled.
+    """
+    global _log_factory_installed
+    _secrets.update(s for s in secrets_ if s and len(s) >= 8)
+    if _log_factory_installed:
+        return
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args, **kwargs) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: leave it to the handler to report
+            return record
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return record
+
+    logging.setLogRecordFactory(factory)
+    _log_factory_installed = True
 
 
 def refuse(error: LabConfigError) -> SystemExit:
@@ -331,4 +694,14 @@ def _load_jupyter_server_extension(serverapp) -> None:
         check_settings(effective_settings(serverapp))
     except LabConfigError as exc:
         raise refuse(exc) from None
+    serverapp._workbench_guard_ran = True
+    # Whatever set the token (env, file, a config), it never reaches the log or a kernel.
+    install_log_redaction([serverapp.identity_provider.token])
+    scrub_server_environment()
+    # jpserver-<pid>-open.html holds the token and is written with the umask (often 0644);
+    # the browser is never opened from here, so it is not written at all.
+    serverapp.no_browser_open_file = True
+    # Cookies are only sent by pages of this server, never on requests other sites start.
+    settings = serverapp.web_app.settings
+    settings["xsrf_cookie_kwargs"] = {**settings.get("xsrf_cookie_kwargs", {}), "samesite": "Strict"}
     _print_url(serverapp)

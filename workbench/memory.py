@@ -1,24 +1,24 @@
 """Out-of-memory handling and memory hygiene.
 
+``with_halving`` runs a piece of work with a micro-batch size and, on an
+out-of-memory error, again with half of it, down to 1: training steps (same
+effective batch through more accumulation) and evaluation batches use it.
+
 When a micro-batch does not fit, the loop retries the same optimizer step with
 half the micro-batch and twice the accumulation (same effective batch, same loss
 curve). For that to free anything, the exception and its traceback, which keep
 every activation of the failed forward pass alive, must be gone before retrying:
 ``is_oom`` is called inside the ``except`` block, the retry happens after it.
-
-``simulate_oom`` makes the retry path testable on a CPU: the loop calls
-``maybe_simulate_oom(step, micro_batch_size)`` before each forward pass.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
-# (optimizer step, micro-batch size) -> raise an OOM?  Set only by simulate_oom.
-_oom_trigger: Callable[[int, int], bool] | None = None
+T = TypeVar("T")
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -39,22 +39,23 @@ def halve(micro_batch_size: int) -> int:
     return max(1, micro_batch_size // 2)
 
 
-@contextlib.contextmanager
-def simulate_oom(trigger: Callable[[int, int], bool]) -> Iterator[None]:
-    """Raise torch.cuda.OutOfMemoryError before a forward pass when ``trigger(step, size)``.
+def with_halving(attempt: Callable[[int], T], size: int, *, on_halve: Callable[[int], None],
+                 give_up: Callable[[], Exception]) -> T:
+    """``attempt(size)``, retried with half the size after each out-of-memory error.
 
-    Example (tests): ``with simulate_oom(lambda step, size: step == 3 and size > 4): fit(...)``
+    ``on_halve(new_size)`` is told of each retry (to say so and clean up); at size 1
+    the error ``give_up()`` returns is raised instead.
     """
-    global _oom_trigger
-    previous, _oom_trigger = _oom_trigger, trigger
-    try:
-        yield
-    finally:
-        _oom_trigger = previous
-
-
-def maybe_simulate_oom(step: int, micro_batch_size: int) -> None:
-    if _oom_trigger is not None and _oom_trigger(step, micro_batch_size):
-        raise torch.cuda.OutOfMemoryError(
-            f"CUDA out of memory (simulated at step {step}, micro-batch {micro_batch_size})"
-        )
+    while True:
+        try:
+            return attempt(size)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+        # Out of the except block: the exception and its traceback (which hold every
+        # activation of the failed pass) are gone, so the memory can really be freed.
+        free_memory()
+        if size == 1:
+            raise give_up()
+        size = halve(size)
+        on_halve(size)

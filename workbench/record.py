@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import WorkbenchError
+from workbench.runtime import in_jupyter_kernel
 
 MIMETYPE = "application/vnd.workbench.record+json"
 # A record is a key result, not a data dump: the executed notebook must stay small.
@@ -55,7 +56,7 @@ def record(name: str, value: Any) -> Any:
             "Record a summary (a final metric, a count) and save large results to a file.",
         )
     text = f"workbench.record: {name} = {json.dumps(clean)}"
-    if _in_kernel():
+    if in_jupyter_kernel():
         # Imported here: IPython is only needed (and only present) inside a kernel.
         from IPython.display import display
 
@@ -105,15 +106,3 @@ def _to_json_value(value: Any, name: str) -> Any:
         f"record({name!r}, ...) got a {type(value).__name__}, which cannot be stored as JSON.",
         "Record a number, string, bool, or a small list/dict of them (e.g. float(x)).",
     )
-
-
-def _in_kernel() -> bool:
-    """True inside a Jupyter kernel (JupyterLab or papermill), False in a plain process."""
-    import sys
-
-    if "IPython" not in sys.modules:  # never import IPython just to find out
-        return False
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None

@@ -17,7 +17,9 @@ def _parse_value(text: str):
     """``--set train.num_epochs=1``: the value is read as YAML (numbers, null, true...)."""
     import yaml
 
-    return yaml.safe_load(text)
+    from workbench.config import yaml_loader
+
+    return yaml.load(text, Loader=yaml_loader())  # as in the file: 2e-5 is a number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,10 +48,16 @@ def load_spec(args: argparse.Namespace):
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    from workbench.progress import ConsoleProgress
     from workbench.train import fit
 
     spec = load_spec(args)
-    result = fit(spec.model, spec.data, spec.train, progress=args.progress)
+    # A terminal or a log file: plain lines (the notebook view is for kernels).
+    view = ConsoleProgress()
+    try:
+        result = fit(spec.model, spec.data, spec.train, listeners=[] if args.progress == "none" else [view])
+    finally:
+        view.close()
     if result.status != "completed":
         return 130  # interrupted: the checkpoint is saved; the same command resumes
     if result.metrics and _is_main():

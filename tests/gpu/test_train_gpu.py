@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from workbench import checkpoint
+from workbench.frontend import fit
 from workbench.precision import device_facts, resolve_precision
 from workbench.synthetic import make_dataset
-from workbench.train import fit
 
 pytestmark = pytest.mark.gpu
 

@@ -20,8 +20,25 @@ def check_jupyter(j: JupyterFacts) -> CheckResult:
             "(e.g. export JUPYTER_TOKEN=$(openssl rand -hex 32)) before starting; never publish "
             "port 8888 without a token.",
         )
+    if j.in_kernel and j.token_env:
+        return CheckResult(
+            name, WARN,
+            "JUPYTER_TOKEN is in this kernel's environment: a cell that prints os.environ "
+            "(or `!env`) saves the token into the notebook.",
+            "Start JupyterLab with `workbench lab` or the workbench image, which keep the token "
+            "out of kernels and terminals; if it was saved in a notebook, change the token.",
+        )
+    weak = [s for s in j.servers if s.weak_token]
+    if weak:
+        listed = ", ".join(f"{s.url} (pid {s.pid})" for s in weak)
+        return CheckResult(
+            name, WARN, f"Jupyter server {listed} has a short or predictable token.",
+            "Restart it with a random token: export JUPYTER_TOKEN=$(python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))'), or let `workbench lab` generate one.",
+        )
     if j.servers:
-        return CheckResult(name, OK, f"{len(j.servers)} running server(s), each with a token or password")
+        where = " (read from the server's runtime file: kernels do not get JUPYTER_TOKEN)" if j.in_kernel else ""
+        return CheckResult(name, OK, f"{len(j.servers)} running server(s), each with a token or password{where}")
     if j.token_file and not j.token_file_ok:
         return CheckResult(
             name, WARN, f"JUPYTER_TOKEN_FILE={j.token_file} is missing or empty.",

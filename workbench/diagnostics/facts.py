@@ -220,6 +220,7 @@ class ServerFacts:
     pid: int | None
     has_token: bool
     has_password: bool
+    weak_token: bool = False  # too short or predictable (workbench.lab_guard.token_problem)
 
 
 @dataclass
@@ -229,6 +230,9 @@ class JupyterFacts:
     token_file_ok: bool | None  # the file exists and is not empty
     servers: list[ServerFacts] = field(default_factory=list)
     error: str | None = None  # why the running servers could not be listed
+    # Run inside a Jupyter kernel (JPY_PARENT_PID / JPY_SESSION_NAME): `workbench lab` keeps
+    # JUPYTER_TOKEN out of kernels, so here the token is read from the server's runtime file.
+    in_kernel: bool = False
 
 
 def gather_jupyter(env: Mapping[str, str] | None = None, runtime_dir: str | None = None) -> JupyterFacts:
@@ -240,9 +244,12 @@ def gather_jupyter(env: Mapping[str, str] | None = None, runtime_dir: str | None
             token_file_ok = bool(Path(token_file).read_text().strip())
         except OSError:
             token_file_ok = False
-    facts = JupyterFacts(bool(env.get("JUPYTER_TOKEN")), token_file, token_file_ok)
+    facts = JupyterFacts(bool(env.get("JUPYTER_TOKEN")), token_file, token_file_ok,
+                         in_kernel=bool(env.get("JPY_PARENT_PID") or env.get("JPY_SESSION_NAME")))
     try:
         from jupyter_server.serverapp import list_running_servers
+
+        from workbench.lab_guard import token_problem
 
         for info in list_running_servers(runtime_dir):
             facts.servers.append(
@@ -251,6 +258,8 @@ def gather_jupyter(env: Mapping[str, str] | None = None, runtime_dir: str | None
                     pid=info.get("pid"),
                     has_token=bool(info.get("token")),
                     has_password=bool(info.get("password")),
+                    # jpserver-<pid>.json (mode 600) holds the token: judged, never kept.
+                    weak_token=bool(info.get("token")) and token_problem(str(info["token"]).strip()) is not None,
                 )
             )
     except Exception as exc:

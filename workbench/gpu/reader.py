@@ -82,16 +82,16 @@ class GpuReader:
         session = session_for(self._nvml_arg)
         if isinstance(session, NvmlStatus):
             return Snapshot(time.time(), session, (), host, torch_mem)
-        if self._nvml_backoff.waiting(now):
-            reason = self._nvml_backoff.reason
-            return Snapshot(time.time(), NvmlStatus(False, reason, None, None, 0),
-                            tuple(self._stale(None, reason)), host, torch_mem,
+        backoff = self._nvml_backoff
+        if backoff.waiting(now):
+            return Snapshot(time.time(), NvmlStatus(False, backoff.reason, None, None, 0, backoff.delay),
+                            tuple(self._stale(None, backoff)), host, torch_mem,
                             stale=bool(self._last))
         status = nvml_status(session.nvml)
         if not status.available:
-            reason = self._nvml_backoff.fail(now, status.reason)
-            return Snapshot(time.time(), replace(status, reason=reason),
-                            tuple(self._stale(None, reason)),
+            backoff.fail(now, status.reason)
+            return Snapshot(time.time(), replace(status, retry_in_s=backoff.delay),
+                            tuple(self._stale(None, backoff)),
                             host, torch_mem, stale=bool(self._last))
         refresh_processes = now - self._processes_at >= self.process_interval
         if refresh_processes:
@@ -103,7 +103,7 @@ class GpuReader:
             backoff = self._device_backoff.setdefault(
                 index, _Backoff(self.backoff_initial, self.backoff_max))
             if backoff.waiting(now):
-                gpus.extend(self._stale(index, backoff.reason))
+                gpus.extend(self._stale(index, backoff))
                 failed += 1
                 continue
             samples, exc = self._read_gpu(session, index, torch_mem, refresh_processes)
@@ -114,9 +114,9 @@ class GpuReader:
             # This GPU failed: keep its last values marked stale, drop its cached handle,
             # and try it again after a back-off. The other GPUs are unaffected.
             failed += 1
-            reason = backoff.fail(now, describe_error(exc, session.nvml))
+            backoff.fail(now, describe_error(exc, session.nvml))
             session.forget(index)
-            gpus.extend(self._stale(index, reason))
+            gpus.extend(self._stale(index, backoff))
             if error_name(exc, session.nvml) in SESSION_BREAKING:
                 breaking = exc
         if breaking is not None and failed == status.device_count:
@@ -200,13 +200,14 @@ class GpuReader:
                     seen[pid] = _process(pid, int(used) if used is not None else None)
         return tuple(seen.values()) if readable else None
 
-    def _stale(self, index: int | None, reason: str | None) -> list[GpuSample]:
-        """Last values of GPU ``index`` (all GPUs if None) marked stale with the reason."""
-        stale = [replace(s, error=reason, stale=True) for key, s in self._last.items()
+    def _stale(self, index: int | None, backoff: _Backoff) -> list[GpuSample]:
+        """Last values of GPU ``index`` (all GPUs if None) marked stale with the back-off's reason."""
+        reason, retry = backoff.reason, backoff.delay
+        stale = [replace(s, error=reason, stale=True, retry_in_s=retry) for key, s in self._last.items()
                  if index is None or key[0] == index]
         if not stale and index is not None:
             stale = [GpuSample(index, f"GPU {index}", None, False, None, None, None, None, None,
-                               None, None, None, None, error=reason)]
+                               None, None, None, None, error=reason, retry_in_s=retry)]
         return stale
 
 
@@ -223,12 +224,11 @@ class _Backoff:
     def waiting(self, now: float) -> bool:
         return now < self.retry_at
 
-    def fail(self, now: float, reason: str | None) -> str:
+    def fail(self, now: float, reason: str | None) -> None:
         self.failures += 1
         self.delay = min(self.maximum, max(self.initial, self.delay * 2))
         self.retry_at = now + self.delay
-        self.reason = f"{reason} (retrying in {self.delay:g} s)"
-        return self.reason
+        self.reason = reason
 
     def ok(self) -> None:
         self.delay, self.retry_at, self.reason = 0.0, -math.inf, None

@@ -21,6 +21,7 @@ class NvmlStatus:
     driver_version: str | None
     cuda_driver_version: str | None  # e.g. "12.4", from nvmlSystemGetCudaDriverVersion
     device_count: int
+    retry_in_s: float | None = None  # NVML failed: the reader tries again after this back-off
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class GpuSample:
     warnings: tuple[str, ...] = ()
     error: str | None = None  # one line: why this GPU's values are missing or stale
     stale: bool = False  # values carried over from an earlier read
+    retry_in_s: float | None = None  # with error: the reader reads this GPU again after this back-off
     torch: TorchMemory | None = None
 
     @property

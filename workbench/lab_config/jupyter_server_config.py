@@ -3,11 +3,15 @@
 #
 # It sets secure values, and enables the `workbench.lab_guard` server extension, which
 # re-checks the *effective* settings after every config file and the command line have
-# been applied and stops the server on an unsafe one (empty/short token, XSRF off,
-# allow_origin='*', an origin pattern, Host check off, root without WORKBENCH_ALLOW_ROOT=1).
+# been applied and stops the server on an unsafe one (weak token, XSRF off, an origin that
+# is not one exact origin, Host check off, unsafe headers, root without
+# WORKBENCH_ALLOW_ROOT=1...; environment/README.md lists them). That extension cannot be
+# switched off by a config file or the command line: pin_guard_extension() below
+# re-enables it at the last moment and stops a server whose guard did not run.
 #
 # Environment variables read here:
-#   JUPYTER_TOKEN            the token (>= 32 characters)
+#   JUPYTER_TOKEN            the token (>= 32 characters, 16+ different ones); removed from the
+#                            environment once read, so kernels and terminals never see it
 #   JUPYTER_TOKEN_FILE       a file holding the token, readable only by its owner (chmod 600)
 #   WORKBENCH_PASSWORD_HASH  a hashed password (jupyter_server.auth.passwd()) instead of / beside a token
 #                            (none of the three: a token is generated and printed once with the URL)
@@ -25,21 +29,38 @@ c = get_config()  # noqa: F821 -- provided by traitlets when it runs this file
 # First, so that the final check runs even if a later line fails and someone
 # switches errors off. Listing it here (not in a jupyter_server_config.d file) keeps
 # the whole configuration in this one file.
-c.ServerApp.jpserver_extensions = {"workbench.lab_guard": True}
+c.ServerApp.jpserver_extensions = {lab_guard.GUARD_EXTENSION: True}
 
 with lab_guard.refuse_to_start_on_error():
+    # Nothing later (a user config file, the command line, jupyter_server_config.d)
+    # can disable the guard; a server whose guard did not run stops.
+    lab_guard.pin_guard_extension()
+    # Every log record of the server, tornado's access and error lines included,
+    # has tokens and Authorization headers replaced before it is written.
+    lab_guard.install_log_redaction()
+
     # --- who may connect ------------------------------------------------------------
     lab_guard.check_root()
+    lab_guard.check_environment()
     # Root is refused above unless explicitly allowed; then jupyter's own check must agree.
     c.ServerApp.allow_root = lab_guard.root_allowed()
 
     credentials = lab_guard.resolve_token()
+    lab_guard.install_log_redaction([credentials.token])
+    # Kernels and terminals copy the server's environment: `!env` in a notebook would
+    # save the token into the .ipynb. The token now lives in the configuration only.
+    lab_guard.scrub_server_environment()
+    # Refuses cross-origin requests even when they carry the token (lab_identity.py).
+    c.ServerApp.identity_provider_class = lab_guard.IDENTITY_PROVIDER
     c.IdentityProvider.token = credentials.token
     if credentials.hashed_password:
         c.PasswordIdentityProvider.hashed_password = credentials.hashed_password
     # Setting a password from the login page would write it into the config dir;
     # credentials come from the environment only.
     c.PasswordIdentityProvider.allow_password_change = False
+    # SameSite=Strict: the login cookie is never sent on requests other sites start
+    # (the identity provider enforces it too; the XSRF cookie is set by the guard).
+    c.IdentityProvider.cookie_options = {"samesite": "Strict"}
 
     # --- cross-site protections -------------------------------------------------------
     c.ServerApp.disable_check_xsrf = False

@@ -25,7 +25,6 @@ import collections
 import contextlib
 import html
 import logging
-import re
 import threading
 import time
 import weakref
@@ -41,8 +40,11 @@ log = logging.getLogger(__name__)
 NA = "n/a"
 _CHART_W, _CHART_H = 320, 60
 _CHART_POINTS = 160
-# The suffix workbench.gpu.reader puts on a failing read ("... (retrying in 2 s)").
-_RETRYING = re.compile(r" \(retrying in [0-9.e+]+ s\)")
+
+
+def _retrying(text: str, retry_in_s: float | None, running: bool) -> str:
+    """The reader's promise to try again, said only while the panel samples (a stopped one retries nothing)."""
+    return f"{text} (retrying in {retry_in_s:g} s)" if running and retry_in_s else text
 
 
 # ---------------------------------------------------------------- formatting
@@ -130,12 +132,13 @@ class _GpuCard:
         self.all = [self.title, self.util, self.memory, self.power, self.values, self.mine,
                     self.processes, self.warnings, bars, row, self.box]
 
-    def update(self, s: GpuSample) -> None:
+    def update(self, s: GpuSample, running: bool = True) -> None:
         kind = " <b>[MIG]</b>" if s.is_mig else ""
         state = ""
         if s.error:
             tag = "stale, " if s.stale else ""
-            state = f' <span style="color:#b00">({tag}{html.escape(s.error)})</span>'
+            error = _retrying(s.error, s.retry_in_s, running)
+            state = f' <span style="color:#b00">({tag}{html.escape(error)})</span>'
         _set(self.title, f"<b>{s.label}</b>: {html.escape(s.name)}{kind}{state}")
         _bar(self.util, s.utilization_percent)
         _bar(self.memory, _ratio(s.memory_used_bytes, s.memory_total_bytes))
@@ -381,15 +384,11 @@ class GPUPanel:
                     f"{st.device_count} GPU(s) · driver {st.driver_version or NA} · "
                     f"CUDA {st.cuda_driver_version or NA}")
         else:
-            reason = snapshot.status.reason or ""
-            if not self.running:  # a stopped panel retries nothing: drop the reader's promise
-                reason = _RETRYING.sub("", reason)
+            reason = _retrying(snapshot.status.reason or "", snapshot.status.retry_in_s, self.running)
             text = (f"<b>No GPU monitoring</b> ({state}): {html.escape(reason)}"
                     "<br>Showing CPU and RAM instead.")
         problems = [e for e in (snapshot.error if snapshot else None,
                                 self.sampler.last_error) if e]
-        if not self.running:
-            problems = [_RETRYING.sub("", e) for e in problems]
         if snapshot is not None and snapshot.stale:
             problems.insert(0, "values are stale")
         if problems:
@@ -408,7 +407,7 @@ class GPUPanel:
                         w.close()
             self.gpu_box.children = [c.box for c in self._cards.values()]
         for g in snapshot.gpus:
-            self._cards[(g.index, g.mig_index)].update(g)
+            self._cards[(g.index, g.mig_index)].update(g, self.running)
 
     def _draw_host(self, snapshot: Snapshot) -> None:
         h = snapshot.host

@@ -23,7 +23,7 @@ import traitlets
 
 from workbench import data, models
 from workbench.config import PRECISIONS, DatasetChoice, ModelChoice, RunSpec, TrainConfig
-from workbench.errors import WorkbenchError
+from workbench.errors import DataError, WorkbenchError
 
 NOTEBOOK = "notebooks/01_quickstart.ipynb"  # the notebook the papermill line runs
 
@@ -335,6 +335,35 @@ class DatasetPicker(widgets.VBox):
                                        for s, c in counts.items()))
         self.chart.value = label_chart_png(counts)
         return True
+
+    def select_columns(self, text_columns: str | tuple[str, ...] | list[str], label_column: str) -> None:
+        """Choose the text and label columns from code (a notebook's parameters), widgets included.
+
+        After ``load()``, a column that is not in the data raises DataError naming it and
+        listing the columns there are (also shown in the message area), before any widget
+        is touched: the widgets themselves would only say ipywidgets' "TraitError: Invalid
+        selection: value not found". Before ``load()`` (or when it failed) only the choice
+        is stored; ``check()`` and the run report a wrong column then.
+        """
+        text_columns = (text_columns,) if isinstance(text_columns, str) else tuple(text_columns)
+        if self.raw is not None:
+            split = self.train_split if self.train_split in self.raw else next(iter(self.raw))
+            available = list(self.raw[split].column_names)
+            missing = [c for c in dict.fromkeys((*text_columns, label_column)) if c not in available]
+            if missing:
+                names = ", ".join(repr(c) for c in missing)
+                error = DataError(
+                    f"{'column' if len(missing) == 1 else 'columns'} {names} "
+                    f"{'is' if len(missing) == 1 else 'are'} not in {self.path.strip()} (split {split!r});"
+                    f" its columns are: {', '.join(available)}.",
+                    "set text_column / label_column (the parameters cell) to columns from that list and"
+                    " run the cells again, or choose them in the picker.")
+                self.message.value = _error_html(error)
+                raise error
+            with self.hold_trait_notifications():
+                self.text_box.value = text_columns
+                self.label_box.value = label_column
+        self.text_columns, self.label_column = text_columns, label_column
 
     @property
     def dataset_choice(self) -> DatasetChoice:

@@ -13,7 +13,7 @@ import pytest
 from workbench import cli, events
 from workbench.errors import WorkbenchError
 from workbench.events import EventLog
-from workbench.watch import watch
+from workbench.frontend import watch
 
 
 def write_finished_run(output_dir, steps=3, status="completed"):
@@ -122,9 +122,9 @@ def test_cli_no_follow_prints_history_and_exit_status(tmp_path, capsys):
     assert "workbench watch: error: There is no run folder" in err and "Fix:" in err
 
 
-def test_workbench_watch_is_callable_even_after_the_module_was_imported(tmp_path):
+def test_workbench_watch_is_the_function_even_after_the_cli_module_was_imported(tmp_path):
     import workbench
-    import workbench.watch  # noqa: F401  (sets the package attribute to the module)
+    import workbench.watcher  # noqa: F401  (the CLI imports it; no name clash with the function)
 
     write_finished_run(tmp_path, steps=1)
     history = workbench.watch(tmp_path, mode="none", follow=False)

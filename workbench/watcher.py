@@ -1,4 +1,5 @@
-"""Follow any run from its event log: ``watch(output_dir)`` or ``workbench watch DIR``.
+"""Follow any run from its event log into a view: ``workbench watch DIR`` in a terminal,
+``workbench.watch(output_dir)`` in a notebook (the front end picks the view there).
 
 A run started with ``workbench train`` or torchrun in a terminal, or one whose
 browser tab was closed, keeps writing ``<output_dir>/events.jsonl``; watching it
@@ -12,27 +13,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-import types
 from pathlib import Path
 
 from workbench import events
-from workbench.errors import WorkbenchError
-from workbench.widgets.progress import RunHistory, make_progress
+from workbench.errors import NoEventLogError, WorkbenchError
+from workbench.progress import ConsoleProgress, Progress, RunHistory
 
 
 def watch(
     output_dir: str | os.PathLike,
-    mode: str = "auto",
+    display: Progress,
     *,
     follow: bool = True,
     poll_s: float = 1.0,
     wait_for_log_s: float = 30.0,
-    stream=None,
 ) -> RunHistory:
-    """Show a run's progress from its event log; returns what was seen.
+    """Show a run's progress from its event log in ``display``; returns what was seen.
 
-    ``mode``: "auto" | "notebook" | "console" | "none", as for ``fit``.
+    ``display``: a view (``workbench.progress.ConsoleProgress``, the notebook view...).
     ``follow=False`` shows the events written so far and returns at once.
     ``wait_for_log_s``: how long to wait for a run that has not written its log yet.
     Raises WorkbenchError when ``output_dir`` is not a folder, or holds no log
@@ -47,9 +45,8 @@ def watch(
         )
     log_path = events.events_path(output_dir)
     if not follow and not log_path.is_file():
-        raise _no_log_error(output_dir)
+        raise NoEventLogError(output_dir)
 
-    display = make_progress(mode, save_chart=False, stream=stream)
     try:
         if not follow:
             display.replay(events.read_events(output_dir))
@@ -62,10 +59,8 @@ def watch(
         display.close()
         display.print("stopped watching; the run itself is not affected.")
         return display.history
-    except WorkbenchError as exc:
+    except WorkbenchError:
         display.close()
-        if "no event log" in exc.message:
-            raise _no_log_error(output_dir, waited_s=wait_for_log_s) from None
         raise
     display.close()
 
@@ -80,15 +75,6 @@ def watch(
         else:
             display.print(f"the run is still going (or stopped without an 'end' event) at step {history.step}.")
     return history
-
-
-def _no_log_error(output_dir: Path, waited_s: float | None = None) -> WorkbenchError:
-    waited = f" after waiting {waited_s:.0f} s" if waited_s else ""
-    return WorkbenchError(
-        f"{output_dir} has no event log ({events.EVENTS_FILE}){waited}.",
-        "start the run with this output_dir first (fit(...) or `workbench train`), "
-        "or point watch at the run's output folder.",
-    )
 
 
 # -- CLI: `workbench watch DIR` -------------------------------------------------------------
@@ -111,21 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     """Exit status 0 when the run completed (or is still going with --no-follow), 1 otherwise."""
     history = watch(
-        args.output_dir, mode="console", follow=not args.no_follow, poll_s=args.poll,
+        args.output_dir, ConsoleProgress(save_chart=False), follow=not args.no_follow, poll_s=args.poll,
         wait_for_log_s=args.wait,
     )
     if history.end is None:
         return 0 if args.no_follow else 1
     return 0 if history.status == "completed" else 1
-
-
-class _CallableModule(types.ModuleType):
-    """Importing ``workbench.watch`` (the CLI does) makes Python set the package
-    attribute ``workbench.watch`` to this module, hiding the function of the same
-    name; calling the module calls the function, so ``workbench.watch(dir)`` always works."""
-
-    def __call__(self, *args, **kwargs):
-        return watch(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

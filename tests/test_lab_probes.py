@@ -1,0 +1,376 @@
+"""An attacker's probes against one real `workbench lab` server: each must be refused.
+
+One server (module scope, started through the real CLI at DEBUG log level so that every
+log line is produced) answers every probe; each probe is one test case asserting the
+exact status. Then what the server leaves behind: no token in its log, none in a
+kernel's or a terminal's environment, SameSite=Strict cookies, no world-readable files.
+"""
+
+from __future__ import annotations
+
+import http.client as httpclient
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from urllib.parse import quote, urljoin, urlsplit
+
+import pytest
+from lab_helpers import LabServer, http, start_lab, websocket
+
+WRONG = "W" * 43  # a well-formed token that is not the server's
+SECRET_CONTENT = "TOP-SECRET-CONTENT\n"
+HOSTILE_USER_CONFIG = {
+    "ServerApp": {
+        "jpserver_extensions": {"workbench.lab_guard": False},
+        "allow_origin": "*", "allow_remote_access": True, "disable_check_xsrf": True,
+        "allow_unauthenticated_access": True, "open_browser": True,
+        "identity_provider_class": "jupyter_server.auth.identity.PasswordIdentityProvider",
+    },
+    "IdentityProvider": {"token": "", "cookie_options": {"samesite": "None"}},
+    "PasswordIdentityProvider": {"allow_password_change": True},
+}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("probes")
+    root = tmp / "workspace"
+    root.mkdir()
+    (root / "hello.txt").write_text("hello\n")
+    # CVE-2026-35397: a sibling folder whose name starts with the root's name.
+    (tmp / "workspace-secret").mkdir()
+    (tmp / "workspace-secret" / "key.txt").write_text(SECRET_CONTENT)
+    # A hostile user config folder: every setting here is one the workbench configuration
+    # sets itself, so it must have no effect (the --config file is loaded last, and the
+    # guard is re-enabled). The probes below run against this server.
+    (tmp / "jupyter-config").mkdir()
+    (tmp / "jupyter-config" / "jupyter_config.json").write_text(json.dumps(HOSTILE_USER_CONFIG))
+    server = start_lab(tmp, root, ["--ServerApp.log_level=DEBUG"])
+    server.root = root
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser_session(lab):
+    """A logged-in browser session: the login cookie and the _xsrf cookie, as JupyterLab has them."""
+    session = http()
+    assert session.get(f"{lab.url}/lab?token={lab.token}").status_code == 200
+    assert "_xsrf" in session.cookies
+    return session
+
+
+@dataclass
+class Probe:
+    method: str
+    path: str  # "{T}" is the right token, "{port}" the server's port
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: str | None = None
+    cookie_session: bool = False  # send the logged-in browser session's cookies
+    redirect: str | None = None  # a redirect must stay on this server; "/login": go there
+
+    def fill(self, text: str, lab: LabServer) -> str:
+        return text.replace("{T}", lab.token).replace("{port}", str(lab.port))
+
+
+def _swapcase_first_letter(token: str) -> str:
+    index = next(i for i, ch in enumerate(token) if ch.isalpha())
+    return token[:index] + token[index].swapcase() + token[index + 1:]
+
+
+EVIL = "http://evil.example"
+PROBES: dict[str, Probe] = {
+    # --- credentials ---------------------------------------------------------------------
+    "no_token": Probe("GET", "/api/contents", 403),
+    "wrong_token_header": Probe("GET", "/api/contents", 403, {"Authorization": f"token {WRONG}"}),
+    "wrong_token_query": Probe("GET", f"/api/contents?token={WRONG}", 403),
+    "empty_token_query": Probe("GET", "/api/contents?token=", 403),
+    "prefix_of_token": Probe("GET", "/api/contents", 403, {"Authorization": "token {T[:-1]}"}),
+    "token_plus_one_char": Probe("GET", "/api/contents?token={T}x", 403),
+    "case_changed_token": Probe("GET", "/api/contents", 403, {"Authorization": "token {T.swap}"}),
+    "token_as_basic_auth": Probe("GET", "/api/contents", 403, {"Authorization": "Basic {T}"}),
+    "kernels_list_no_token": Probe("GET", "/api/kernels", 403),
+    "kernel_start_no_token": Probe("POST", "/api/kernels", 403, body='{"name": "python3"}'),
+    "terminal_start_no_token": Probe("POST", "/api/terminals", 403),
+    "sessions_no_token": Probe("GET", "/api/sessions", 403),
+    "me_no_token": Probe("GET", "/api/me", 403),
+    "status_no_token": Probe("GET", "/api/status", 403),
+    "lab_page_no_token": Probe("GET", "/lab", 302, redirect="/login"),
+    "files_no_token": Probe("GET", "/files/hello.txt", 302, redirect="/login"),
+    "forged_plain_cookie": Probe("GET", "/api/contents", 403,
+                                 {"Cookie": "username-127-0-0-1-{port}=" + quote(json.dumps({"username": "a"}))}),
+    "forged_signed_cookie": Probe("GET", "/api/contents", 403,
+                                  {"Cookie": "username-127-0-0-1-{port}=2|1:0|10:1700000000|4:name|8:YWRtaW4=|"
+                                             + "0" * 64}),
+    # --- a browser session without the XSRF token -------------------------------------------
+    "cookie_post_without_xsrf": Probe("POST", "/api/contents", 403, body='{"type": "file"}', cookie_session=True),
+    "cookie_post_wrong_xsrf": Probe("POST", "/api/contents", 403, {"X-XSRFToken": "2|00|00|00"},
+                                    body='{"type": "file"}', cookie_session=True),
+    "cookie_delete_without_xsrf": Probe("DELETE", "/api/contents/hello.txt", 403, cookie_session=True),
+    # --- the Host check (DNS rebinding) -------------------------------------------------------
+    "host_evil": Probe("GET", "/api/contents?token={T}", 403, {"Host": "evil.example"}),
+    "host_localhost_suffix": Probe("GET", "/api/contents?token={T}", 403, {"Host": "localhost.evil.example"}),
+    "host_loopback_suffix": Probe("GET", "/api/contents?token={T}", 403, {"Host": "127.0.0.1.nip.io:{port}"}),
+    "host_private_ip": Probe("GET", "/api/contents?token={T}", 403, {"Host": "10.1.2.3:{port}"}),
+    "host_mapped_ipv6": Probe("GET", "/api/contents?token={T}", 403, {"Host": "[::ffff:7f00:1]:{port}"}),
+    # --- cross-origin use of the right token --------------------------------------------------
+    "cross_origin_get_with_token": Probe("GET", "/api/contents?token={T}", 403, {"Origin": EVIL}),
+    "cross_origin_post_with_token": Probe("POST", "/api/contents?token={T}", 403, {"Origin": EVIL},
+                                          body='{"type": "file"}'),
+    "cross_origin_header_token": Probe("POST", "/api/contents", 403,
+                                       {"Origin": EVIL, "Authorization": "token {T}"}, body='{"type": "file"}'),
+    "cross_origin_kernel_start": Probe("POST", "/api/kernels?token={T}", 403, {"Origin": EVIL},
+                                       body='{"name": "python3"}'),
+    "cross_origin_delete": Probe("DELETE", "/api/contents/hello.txt?token={T}", 403, {"Origin": EVIL}),
+    "cross_origin_files": Probe("GET", "/files/hello.txt?token={T}", 403, {"Origin": EVIL}),
+    "cross_origin_preflight": Probe("OPTIONS", "/api/contents", 403,
+                                    {"Origin": EVIL, "Access-Control-Request-Method": "POST",
+                                     "Access-Control-Request-Headers": "authorization"}),
+    "origin_null_with_token": Probe("POST", "/api/contents?token={T}", 403, {"Origin": "null"},
+                                    body='{"type": "file"}'),
+    "origin_null_cookie": Probe("GET", "/api/contents", 403, {"Origin": "null"}, cookie_session=True),
+    "origin_host_suffix": Probe("GET", "/api/contents?token={T}", 403,
+                                {"Origin": "http://127.0.0.1:{port}.evil.example"}),
+    "origin_with_path": Probe("GET", "/api/contents?token={T}", 403, {"Origin": "http://127.0.0.1:{port}/x"}),
+    "origin_other_port": Probe("GET", "/api/contents?token={T}", 403, {"Origin": "http://127.0.0.1:1"}),
+    "origin_unauthenticated_api": Probe("GET", "/api", 403, {"Origin": EVIL}),
+    # --- open redirects after login -----------------------------------------------------------
+    "next_protocol_relative": Probe("GET", "/login?next=//evil.example&token={T}", 302, redirect="same server"),
+    "next_absolute": Probe("GET", "/login?next=https://evil.example/&token={T}", 302, redirect="same server"),
+    "next_backslash": Probe("GET", "/login?next=/%5Cevil.example&token={T}", 302, redirect="same server"),
+    "next_encoded_slashes": Probe("GET", "/login?next=%2F%2Fevil.example&token={T}", 302, redirect="same server"),
+    "next_tab_trick": Probe("GET", "/login?next=/%09/evil.example&token={T}", 302, redirect="same server"),
+    # --- path traversal with the token --------------------------------------------------------
+    "traversal_contents": Probe("GET", "/api/contents/..%2F..%2F..%2Fetc%2Fpasswd?token={T}", 404),
+    "traversal_files": Probe("GET", "/files/../../../etc/passwd?token={T}", 403),
+    "traversal_files_encoded": Probe("GET", "/files/%2e%2e/%2e%2e/%2e%2e/etc/passwd?token={T}", 403),
+    "traversal_sibling_prefix": Probe("GET", "/api/contents/..%2Fworkspace-secret%2Fkey.txt?token={T}", 404),
+    "traversal_nbconvert": Probe("GET", "/nbconvert/html/..%2F..%2F..%2Fetc%2Fpasswd?token={T}", 404),
+}
+_TOKEN_FORMS = {"{T[:-1]}": lambda t: t[:-1], "{T.swap}": _swapcase_first_letter}
+
+
+def _send(lab: LabServer, probe: Probe, cookies: str = "", xsrf: str | None = None) -> httpclient.HTTPResponse:
+    """Send exactly this request line and these headers (no client-side path normalisation)."""
+    path = probe.fill(probe.path, lab)
+    headers = {"Host": f"127.0.0.1:{lab.port}"}
+    for name, value in probe.headers.items():
+        for form, make in _TOKEN_FORMS.items():
+            value = value.replace(form, make(lab.token))
+        headers[name] = probe.fill(value, lab)
+    if cookies:
+        headers["Cookie"] = "; ".join(filter(None, [cookies, headers.get("Cookie", "")]))
+    if xsrf is not None and "X-XSRFToken" not in headers:
+        headers["X-XSRFToken"] = xsrf
+    body = probe.body.encode() if probe.body is not None else None
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    conn = httpclient.HTTPConnection("127.0.0.1", lab.port, timeout=15)
+    conn.putrequest(probe.method, path, skip_host=True, skip_accept_encoding=True)
+    for name, value in headers.items():
+        conn.putheader(name, value)
+    if body is not None:
+        conn.putheader("Content-Length", str(len(body)))
+    conn.endheaders(body)
+    response = conn.getresponse()
+    response.body = response.read()
+    conn.close()
+    return response
+
+
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_probe_is_refused(name, lab, browser_session):
+    probe = PROBES[name]
+    cookies = ""
+    if probe.cookie_session:
+        cookies = "; ".join(f"{c.name}={c.value}" for c in browser_session.cookies)
+    response = _send(lab, probe, cookies)
+    assert response.status == probe.status, (name, response.status, response.body[:300])
+    assert response.getheader("Access-Control-Allow-Origin") in (None, ""), "no CORS grant on a refusal"
+    if probe.redirect:
+        # Where a browser would go: this server (and its login page when asked for).
+        location = response.getheader("Location") or ""
+        resolved = urlsplit(urljoin(lab.url + "/", location))
+        assert resolved.scheme == "http" and resolved.netloc == f"127.0.0.1:{lab.port}", location
+        if probe.redirect.startswith("/"):
+            assert resolved.path == probe.redirect, location
+    if name.startswith("traversal"):
+        assert b"root:" not in response.body and SECRET_CONTENT.encode() not in response.body
+
+
+def test_hostile_user_config_had_no_effect(lab):
+    """The server started despite HOSTILE_USER_CONFIG, with none of it in force (the probes show the rest)."""
+    log = lab.log()
+    # (jpserver_extensions from this file is already overridden by the --config file; the
+    # command line and .d folders, which win over it, are in test_lab_misconfig.py.)
+    assert "workbench.lab_guard | extension was successfully loaded" in log
+    response = http().get(f"{lab.url}/api/contents")
+    assert response.status_code == 403, "allow_unauthenticated_access / the empty token had no effect"
+
+
+# --- the same requests from the server's own origin work (the refusals are about the probe) --
+
+
+def test_same_origin_and_token_requests_work(lab, browser_session):
+    own = f"http://127.0.0.1:{lab.port}"
+    session = http()
+    assert session.get(f"{lab.url}/api/contents", headers={"Authorization": f"token {lab.token}"}).status_code == 200
+    created = session.post(f"{lab.url}/api/contents?token={lab.token}", json={"type": "file"},
+                           headers={"Origin": own})
+    assert created.status_code == 201, created.text
+    assert created.headers.get("Access-Control-Allow-Origin") in (None, own)
+    cookie_post = browser_session.post(f"{lab.url}/api/contents", json={"type": "file"},
+                                       headers={"Origin": own, "X-XSRFToken": browser_session.cookies["_xsrf"]})
+    assert cookie_post.status_code == 201, cookie_post.text
+    login = session.get(f"{lab.url}/login?next=/lab/tree&token={lab.token}", allow_redirects=False)
+    assert login.status_code == 302 and login.headers["Location"] == "/lab/tree"
+
+
+# --- websockets -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kernel_and_terminal(lab):
+    session = http()
+    auth = {"Authorization": f"token {lab.token}"}
+    kernel = session.post(f"{lab.url}/api/kernels", json={"name": "python3"}, headers=auth)
+    terminal = session.post(f"{lab.url}/api/terminals", headers=auth)
+    assert kernel.status_code == 201 and terminal.status_code == 200
+    yield kernel.json()["id"], terminal.json()["name"]
+    session.delete(f"{lab.url}/api/kernels/{kernel.json()['id']}", headers=auth)
+    session.delete(f"{lab.url}/api/terminals/{terminal.json()['name']}", headers=auth)
+
+
+WS_PROBES = {
+    "kernel_ws_no_token": ("kernel", "", {}),
+    "kernel_ws_wrong_token": ("kernel", f"?token={WRONG}", {}),
+    "kernel_ws_token_foreign_origin": ("kernel", "?token={T}", {"Origin": EVIL}),
+    "kernel_ws_token_null_origin": ("kernel", "?token={T}", {"Origin": "null"}),
+    "kernel_ws_cookie_null_origin": ("kernel", "", {"Origin": "null", "Cookie": "<session>"}),
+    "kernel_ws_token_foreign_origin_v8": ("kernel", "?token={T}", {"Sec-WebSocket-Origin": EVIL}),
+    "terminal_ws_no_token": ("terminal", "", {}),
+    "terminal_ws_token_foreign_origin": ("terminal", "?token={T}", {"Origin": EVIL}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WS_PROBES))
+def test_websocket_probe_is_refused(name, lab, kernel_and_terminal, browser_session):
+    kind, query, headers = WS_PROBES[name]
+    kernel_id, terminal = kernel_and_terminal
+    path = f"/api/kernels/{kernel_id}/channels" if kind == "kernel" else f"/terminals/websocket/{terminal}"
+    headers = dict(headers)
+    if headers.get("Cookie") == "<session>":
+        headers["Cookie"] = "; ".join(f"{c.name}={c.value}" for c in browser_session.cookies)
+    result = websocket(f"ws://127.0.0.1:{lab.port}{path}{query.replace('{T}', lab.token)}", headers)
+    assert result.startswith("refused: HTTP 403"), result
+
+
+def test_same_origin_websocket_with_token_works(lab, kernel_and_terminal):
+    _, terminal = kernel_and_terminal
+    headers = {"Origin": f"http://127.0.0.1:{lab.port}"}
+    typed = '["stdin", "echo ws-$((6*7))\\r"]'
+    url = f"ws://127.0.0.1:{lab.port}/terminals/websocket/{terminal}?token={lab.token}"
+    assert websocket(url, headers, typed, "ws-42") == "ok"
+
+
+# --- what the server leaves behind --------------------------------------------------------------
+
+
+def test_kernel_environment_has_no_token(lab):
+    """A kernel started the way JupyterLab starts one (a session) runs `os.environ` and saves it."""
+    from jupyter_client import BlockingKernelClient
+
+    session = http()
+    auth = {"Authorization": f"token {lab.token}"}
+    created = session.post(f"{lab.url}/api/sessions", headers=auth, json={
+        "path": "probe.ipynb", "name": "probe.ipynb", "type": "notebook", "kernel": {"name": "python3"}})
+    assert created.status_code == 201, created.text
+    kernel_id = created.json()["kernel"]["id"]
+    try:
+        runtime = lab.env["JUPYTER_RUNTIME_DIR"]
+        client = BlockingKernelClient(connection_file=os.path.join(runtime, f"kernel-{kernel_id}.json"))
+        client.load_connection_file()
+        # No heartbeat: on a loaded machine it misses beats and the client declares the
+        # kernel dead; execute_interactive waits for the reply itself.
+        client.start_channels(hb=False)
+        seen = []
+        client.execute_interactive(
+            "import os, json; print('ENV=' + json.dumps(dict(os.environ)))",
+            output_hook=lambda msg: seen.append(msg["content"].get("text", "")), timeout=60,
+        )
+        client.stop_channels()
+        env = json.loads("".join(seen).split("ENV=", 1)[1])
+    finally:
+        session.delete(f"{lab.url}/api/sessions/{created.json()['id']}", headers=auth)
+    assert "JPY_SESSION_NAME" in env, "the kernel's environment was read"
+    assert "JUPYTER_TOKEN" not in env
+    assert not any(lab.token in value for value in env.values())
+
+
+def test_terminal_environment_has_no_token(lab, kernel_and_terminal):
+    _, terminal = kernel_and_terminal
+    url = f"ws://127.0.0.1:{lab.port}/terminals/websocket/{terminal}"
+    typed = '["stdin", "echo tok=${JUPYTER_TOKEN:-unset}-$(env | grep -c ' + lab.token[:12] + ')\\r"]'
+    assert websocket(url, {"Authorization": f"token {lab.token}"}, typed, "tok=unset-0") == "ok"
+
+
+def test_login_and_xsrf_cookies_are_samesite_strict(lab):
+    response = http().get(f"{lab.url}/lab?token={lab.token}", allow_redirects=False)
+    assert response.status_code == 200
+    cookies = response.raw.headers.getlist("Set-Cookie")
+    login = [c for c in cookies if c.startswith("username-")]
+    xsrf = [c for c in cookies if c.startswith("_xsrf=")]
+    assert login and xsrf, cookies
+    for cookie in login + xsrf:
+        assert re.search(r";\s*SameSite=Strict", cookie, re.IGNORECASE), cookie
+    assert all("HttpOnly" in c for c in login)
+
+
+def test_runtime_files_are_private(lab):
+    runtime = lab.env["JUPYTER_RUNTIME_DIR"]
+    assert os.stat(runtime).st_mode & 0o077 == 0
+    names = os.listdir(runtime)
+    assert any(n.startswith("jpserver-") and n.endswith(".json") for n in names), names
+    assert not [n for n in names if n.endswith("-open.html")], "the open.html (token) must not be written"
+    for name in names:
+        assert os.stat(os.path.join(runtime, name)).st_mode & 0o077 == 0, name
+
+
+def test_token_is_in_no_log_line(lab):
+    """Real failing requests that carry the token, a wrong token, a Referer and Authorization headers."""
+    marker = uuid.uuid4().hex[:8]
+    near_miss = lab.token[:-4] + "zzzz"
+    auth = {"Authorization": f"token {lab.token}"}
+
+    class Fresh:  # a new client per request: a login cookie from one must not authenticate the next
+        def __getattr__(self, method):
+            return getattr(http(), method)
+
+    session = Fresh()
+    requests_made = [
+        session.get(f"{lab.url}/api/contents/missing-{marker}.ipynb?token={lab.token}"),
+        session.get(f"{lab.url}/api/contents/missing-{marker}.ipynb", headers=auth),
+        session.get(f"{lab.url}/files/missing-{marker}.txt?token={lab.token}"),
+        session.get(f"{lab.url}/nonexistent-{marker}?token={lab.token}"),
+        session.get(f"{lab.url}/api/contents?token={near_miss}&m={marker}"),
+        session.get(f"{lab.url}/api/contents?m={marker}", headers={"Authorization": f"token {near_miss}"}),
+        session.post(f"{lab.url}/api/contents/x-{marker}?token={lab.token}", data="{not json"),
+        session.get(f"{lab.url}/api/contents/missing-{marker}?token={lab.token}",
+                    headers={"Referer": f"http://127.0.0.1:{lab.port}/lab?token={lab.token}"}),
+        session.get(f"{lab.url}/api/contents?token={lab.token}&m={marker}", headers={"Origin": EVIL}),
+        session.get(f"{lab.url}/api/kernels/nope-{marker}?token={lab.token}"),
+    ]
+    assert all(r.status_code >= 400 for r in requests_made), [r.status_code for r in requests_made]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and lab.log().count(marker) < 10:
+        time.sleep(0.2)
+    log = lab.log()
+    lines = [line for line in log.splitlines() if marker in line]
+    assert len(lines) >= 10, "the failing requests were logged"
+    assert any("token=[secret]" in line for line in lines)
+    for secret in (lab.token, near_miss, lab.token[:24], quote(lab.token, safe="")):
+        assert secret not in log, f"a token is in the log: {[ln for ln in log.splitlines() if secret in ln][:3]}"

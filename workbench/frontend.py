@@ -1,0 +1,92 @@
+"""What people call in notebooks: ``fit``, ``fit_distributed`` and ``watch`` with the
+view chosen for where the call runs.
+
+The engine (``workbench.train``) and the log follower (``workbench.watcher``) are
+headless and take any listener; this module picks one: in a kernel someone looks at,
+the notebook view (a bar and a live chart, ``workbench.widgets.progress``); under
+papermill, plain lines plus the final chart in the executed notebook; in a terminal,
+plain lines. ``progress="none"`` shows nothing (the event log is still written).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from workbench import distributed, progress
+from workbench.config import ModelChoice, TrainConfig
+from workbench.progress import Progress, RunHistory
+from workbench.results import FitResult, result_from_disk
+
+
+def make_view(mode: str = "auto", **kwargs) -> Progress:
+    """A view of a run's events: ``mode`` is "auto" | "notebook" | "console" | "none".
+
+    ``kwargs``: ``output_dir``, ``save_chart``, ``stream``; ``chart_every_s`` and
+    ``clock`` for the notebook view.
+    """
+    chosen = progress.choose_mode(mode)
+    notebook_only = {k: kwargs.pop(k) for k in ("chart_every_s", "clock") if k in kwargs}
+    if chosen == "notebook":
+        from workbench.widgets.progress import NotebookProgress
+
+        return NotebookProgress(**notebook_only, **kwargs)
+    if chosen == "console":
+        from workbench.runtime import in_jupyter_kernel
+
+        if in_jupyter_kernel():  # papermill: keep the final chart in the executed notebook
+            from workbench.widgets.progress import ConsoleChartProgress
+
+            return ConsoleChartProgress(**kwargs)
+        return progress.ConsoleProgress(**kwargs)
+    return Progress(output_dir=kwargs.get("output_dir"), save_chart=False, stream=kwargs.get("stream"))
+
+
+def fit(model: str | ModelChoice, data, config: TrainConfig | None = None, *,
+        text_columns: Sequence[str] | None = None, label_column: str | None = None,
+        progress: str = "auto", **overrides) -> FitResult:
+    """Fine-tune ``model`` on ``data`` and show the run as it goes (see ``workbench.train.fit``).
+
+    ``progress``: "auto" (a live chart in a notebook, lines elsewhere), "notebook",
+    "console" or "none".
+    """
+    from workbench import train
+
+    view = make_view(progress)
+    try:
+        return train.fit(model, data, config, text_columns=text_columns, label_column=label_column,
+                         listeners=[] if progress == "none" else [view], **overrides)
+    finally:
+        view.close()
+
+
+def fit_distributed(model: str | ModelChoice, data, config: TrainConfig | None = None, *,
+                    num_processes: int, progress: str = "console", **kwargs) -> FitResult:
+    """``fit`` on ``num_processes`` GPUs from a notebook (accelerate.notebook_launcher).
+
+    The launcher forks the kernel, which CUDA does not survive: call this before
+    anything in the kernel touches the GPU. Widgets do not cross a fork, so the
+    processes print lines; the result is read back from the run's folder.
+    """
+    from workbench.inputs import make_config
+
+    mode = "console" if progress == "auto" else progress
+    distributed.launch_from_notebook(_fit_in_process, (model, data, config, mode, kwargs), num_processes)
+    config = make_config(config, {k: v for k, v in kwargs.items() if k not in ("text_columns", "label_column")})
+    return result_from_disk(config.output_dir)
+
+
+def _fit_in_process(model, data, config, mode, kwargs) -> None:
+    from workbench import train
+
+    view = progress.ConsoleProgress() if mode == "console" else None
+    train.fit(model, data, config, listeners=[view] if view else [], **kwargs)
+
+
+def watch(output_dir: str | os.PathLike, mode: str = "auto", *, follow: bool = True, poll_s: float = 1.0,
+          wait_for_log_s: float = 30.0, stream=None) -> RunHistory:
+    """Show a run's progress from its event log (``workbench.watcher.watch``) in the view for here."""
+    from workbench import watcher
+
+    view = make_view(mode, save_chart=False, stream=stream)
+    return watcher.watch(output_dir, view, follow=follow, poll_s=poll_s, wait_for_log_s=wait_for_log_s)

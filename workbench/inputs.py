@@ -1,0 +1,53 @@
+"""What a user passes to ``fit``, checked before anything is built: the settings
+(a TrainConfig plus keyword overrides), the data in any accepted form, and the
+output folder. Every problem is an error that names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from workbench.config import DatasetChoice, TrainConfig
+from workbench.errors import ConfigError
+
+
+def make_config(config: TrainConfig | None, overrides: dict[str, Any]) -> TrainConfig:
+    """``config`` (default TrainConfig()) with ``overrides`` applied and validated."""
+    config = config or TrainConfig()
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    for name in overrides:
+        if name not in known:
+            raise ConfigError(name, overrides[name], "a TrainConfig field: " + ", ".join(sorted(known)))
+    return dataclasses.replace(config, **overrides)  # __post_init__ validates again
+
+
+def resolve_data(data, text_columns, label_column):
+    """(DatasetDict, text_columns, label_column) from any accepted ``data``."""
+    if isinstance(data, (str, os.PathLike)):
+        from workbench.data import resolve_data_source
+
+        source = resolve_data_source(data)  # a missing path is "file not found", not a hub error
+        data = DatasetChoice(source=source, path=str(data), text_columns=tuple(text_columns or ("text",)),
+                             label_column=label_column or "label")
+    if isinstance(data, DatasetChoice):
+        from workbench.data import load_choice
+
+        return load_choice(data), data.text_columns, data.label_column
+    columns = tuple([text_columns] if isinstance(text_columns, str) else (text_columns or ("text",)))
+    if not 1 <= len(columns) <= 2:
+        raise ConfigError("text_columns", columns, "one column, or two for sentence pairs")
+    return data, columns, label_column or "label"
+
+
+def check_output_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError("output_dir", str(path), "a writable folder",
+                          fix=f"choose another output_dir ({exc.strerror or exc}).") from None

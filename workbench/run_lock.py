@@ -1,0 +1,176 @@
+"""One run per output folder: ``lock = run_lock.acquire(output_dir)`` ... ``lock.release()``.
+
+Two runs writing one ``output_dir`` interleave their checkpoints and event logs and
+both report success, so the second is refused. The lock is ``fcntl.flock`` on
+``<output_dir>/.workbench.lock``: the kernel releases it when its holder exits in any
+way (``kill -9``, a crashed kernel, a closed notebook tab), so a dead run never blocks
+the folder and no "is that PID still alive?" guess is needed to break a stale lock.
+The file also holds a readable JSON record of the holder (pid, host, start time,
+command), used to name the holder in the refusal and to notice, when a run takes a
+free lock whose file is still there, that the previous holder died without
+releasing it.
+
+The lock is advisory: readers (``workbench.watch``, ``result_from_disk``, a user's
+``ls``) never take it and are never blocked.
+
+Where the folder is on NFS, Linux emulates flock with NFS byte-range locks, which
+work across machines with NFSv4; on filesystems without locking (some FUSE mounts)
+:func:`acquire` says so instead of pretending to hold the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import OutputDirLockedError, WorkbenchError
+
+LOCK_FILE = ".workbench.lock"
+
+
+def lock_path(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir) / LOCK_FILE
+
+
+def read_holder(output_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The record of the run that holds (or last held, if it died) the folder; None if none."""
+    try:
+        text = lock_path(output_dir).read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        holder = json.loads(text)
+    except ValueError:  # written by a process killed mid-write, or not ours
+        return {} if text.strip() else None
+    return holder if isinstance(holder, dict) else {}
+
+
+def describe_holder(holder: dict[str, Any]) -> str:
+    if not holder:
+        return "an unknown process (the lock file has no readable record)"
+    where = f"process {holder.get('pid', '?')} on host {holder.get('host', '?')}"
+    if holder.get("started"):
+        where += f", started {holder['started']}"
+    if holder.get("command"):
+        where += f" ({holder['command']})"
+    return where
+
+
+class RunLock:
+    """The held lock of one output folder. ``note`` says whether a dead run's lock was taken over."""
+
+    def __init__(self, output_dir: Path, fd: int, record: dict[str, Any], note: str | None):
+        self.output_dir = output_dir
+        self.path = lock_path(output_dir)
+        self.record = record
+        self.note = note
+        self._fd: int | None = fd
+        self._owner = os.getpid()  # a forked child's copy of this object must not release it
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Remove the lock file, then drop the lock. Safe to call twice."""
+        if self._fd is None or os.getpid() != self._owner:
+            return
+        fd, self._fd = self._fd, None
+        # Unlink while still holding the lock: a process waiting on the old file then finds
+        # that its file is no longer the one at the path and retries (see acquire).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        os.close(fd)  # closing the last descriptor releases the flock
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __del__(self):  # a kernel that drops the object without release(): free the folder anyway
+        with contextlib.suppress(Exception):
+            self.release()
+
+
+def _command() -> str:
+    argv = " ".join(sys.argv)
+    return argv if len(argv) <= 200 else argv[:197] + "..."
+
+
+def acquire(output_dir: str | os.PathLike) -> RunLock:
+    """Take the folder's lock or raise OutputDirLockedError naming the process that holds it.
+
+    Creates ``output_dir`` if needed. A lock file left by a process that died is taken
+    over; ``RunLock.note`` then says whose it was (log it: the folder may hold that
+    run's half-finished work).
+    """
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = lock_path(output_dir)
+    for _ in range(10):  # retried only when the file was replaced under us (see below)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise _locked_error(output_dir, read_holder(output_dir)) from None
+            raise WorkbenchError(
+                f"Cannot lock {path}: {exc.strerror or exc} (the filesystem may not support locks).",
+                "put output_dir on a local disk or a volume that supports file locks.") from None
+        # The holder we waited behind may have released (unlinked) the file between our
+        # open and our flock: then we hold a lock on a file nobody else will ever see.
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return _take(output_dir, fd)
+        os.close(fd)
+    raise WorkbenchError(f"Could not lock {path}: it keeps being replaced by another process.",
+                         "make sure only one run uses this output_dir, then run again.")
+
+
+def _take(output_dir: Path, fd: int) -> RunLock:
+    previous = os.read(fd, 1 << 16).decode("utf-8", errors="replace").strip()
+    note = None
+    if previous:  # a lock file with a record but no lock: its holder died without releasing
+        try:
+            old = json.loads(previous)
+        except ValueError:
+            old = {}
+        old = old if isinstance(old, dict) else {}
+        note = (f"Took over the lock of {output_dir} from {describe_holder(old)}, which is no longer "
+                "running: it stopped without releasing the folder (killed, or its kernel died).")
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": _command(),
+    }
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record, indent=2) + "\n").encode("utf-8"), 0)
+    return RunLock(output_dir, fd, record, note)
+
+
+def _locked_error(output_dir: Path, holder: dict[str, Any] | None) -> OutputDirLockedError:
+    holder = holder or {}
+    same_process = holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
+    if same_process:
+        fix = ("this notebook kernel is already running a fit on this folder (in another thread, or "
+               "one still holding it): wait for it, or restart the kernel; or pass another output_dir.")
+    else:
+        fix = ("wait for that run to finish (follow it with workbench.watch(output_dir) or "
+               f"`workbench watch {output_dir}`), stop it, or pass another output_dir.")
+    return OutputDirLockedError(
+        f"{output_dir} is in use by another run: {describe_holder(holder)}.", fix,
+        output_dir=output_dir, holder=holder)

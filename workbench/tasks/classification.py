@@ -1,0 +1,151 @@
+"""Sequence classification with any ``AutoModelForSequenceClassification``.
+
+Text (or sentence pairs) and a label column in; a model that
+``pipeline("text-classification", model=...)`` loads out. Tokenization runs once,
+unpadded; batches are padded to their own longest row; the metrics are loss,
+accuracy and macro-F1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from workbench import batching, model_checks
+from workbench.config import ModelChoice, TrainConfig
+from workbench.data import check_texts
+from workbench.errors import DataError, ModelError
+from workbench.hub import OFFLINE_FIX, is_offline
+from workbench.metrics import classification_metrics
+from workbench.results import LABELS_FILE
+from workbench.tasks import fingerprint
+
+
+class ClassificationTask:
+    name = "classification"
+
+    def __init__(self, text_columns: Sequence[str], label_column: str):
+        self.text_columns = tuple(text_columns)
+        self.label_column = label_column
+        self.labels: batching.LabelMapping | None = None
+        self.notes: list[tuple[str, str]] = []  # (text, level) from loading, logged after "start"
+        self._sample_texts: list[str] = []  # to check the tokenizer against the model
+
+    # -- data ---------------------------------------------------------------------
+    def check_data(self, splits) -> None:
+        if not hasattr(splits, "keys"):
+            raise DataError(f"data must be a DatasetDict with 'train' and 'validation' splits, "
+                            f"not {type(splits).__name__}.",
+                            "pass a DatasetDict, a DatasetChoice, or a path to local files.")
+        for split in ("train", "validation"):
+            batching.check_split(splits.get(split), split, self.text_columns, self.label_column)
+            check_texts(splits[split], self.text_columns, split)  # empty and whitespace-only texts
+        self._sample_texts = model_checks.sample_texts(splits["train"], self.text_columns)
+        self.labels = batching.build_label_mapping(splits["train"], splits["validation"], self.label_column)
+        self.data_fingerprint = fingerprint(splits["train"], (*self.text_columns, self.label_column))
+
+    def datasets(self, splits, tokenizer, max_length: int, model=None):
+        token_types = getattr(getattr(model, "config", None), "type_vocab_size", 0) > 1
+        return tuple(
+            batching.tokenize(splits[s], tokenizer, self.text_columns, self.label_column, self.labels,
+                              max_length, token_types=token_types)
+            for s in ("train", "validation")
+        )
+
+    def collator(self, tokenizer):
+        from transformers import DataCollatorWithPadding
+
+        # Pads each batch to its own longest row (never to max_length) with the mask to match.
+        return DataCollatorWithPadding(tokenizer, return_tensors="pt")
+
+    def rows(self, batch: dict) -> int:
+        return len(batch["labels"])
+
+    units = rows  # the loss is a mean over rows
+
+    # -- model --------------------------------------------------------------------
+    def load_tokenizer(self, choice: ModelChoice):
+        from transformers import AutoTokenizer
+
+        tokenizer = load_pretrained(AutoTokenizer, choice)
+        if tokenizer.pad_token is None:  # GPT-style tokenizers: padding is masked out anyway
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+
+    def build_model(self, choice: ModelChoice, tokenizer, config: TrainConfig | None = None):
+        from transformers import AutoModelForSequenceClassification
+
+        # transformers' red "LOAD REPORT ... MISSING classifier.weight" is expected here: one
+        # calm line instead, and the report kept for real mismatches.
+        with model_checks.new_head_notice(len(self.labels.names), announce=None) as notice:
+            model = load_pretrained(
+                AutoModelForSequenceClassification, choice,
+                num_labels=len(self.labels.names), id2label=self.labels.id2label,
+                label2id=self.labels.label2id,
+                ignore_mismatched_sizes=True,  # a new head when the label count differs
+                # fp32 master weights whatever the checkpoint stores: autocast gives the speed,
+                # and AdamW on bf16/fp16 weights loses small updates.
+                dtype=torch.float32,
+            )
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = tokenizer.pad_token_id
+        self.notes = [(notice.message, "info")] if notice.message else []
+        # An empty or foreign tokenizer trains on [UNK]s to chance accuracy: refuse or warn.
+        self.notes += [(w, "warn") for w in model_checks.check_tokenizer(tokenizer, model.config,
+                                                                          self._sample_texts)]
+        return model
+
+    # -- training and evaluation --------------------------------------------------
+    def loss(self, model, batch: dict) -> torch.Tensor:
+        return model(**batch).loss
+
+    def eval_outputs(self, model, batch: dict) -> tuple[torch.Tensor, ...]:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        logits = model(**inputs).logits.float()
+        row_loss = F.cross_entropy(logits, batch["labels"], reduction="none")
+        return row_loss, logits.argmax(-1), batch["labels"]
+
+    def metrics(self, outputs: list[tuple[torch.Tensor, ...]]) -> dict[str, float]:
+        loss, predictions, labels = (torch.cat(parts) for parts in zip(*outputs, strict=True))
+        return classification_metrics(predictions, labels, len(self.labels.names), loss.mean().item())
+
+    # -- saving ---------------------------------------------------------------------
+    def model_state(self, model) -> dict[str, torch.Tensor]:
+        return model.state_dict()
+
+    def load_model_state(self, model, state: dict[str, torch.Tensor]) -> None:
+        # strict=False: safetensors drops tied duplicates; anything else missing is an error.
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+        missing = [k for k in missing if k not in tied]
+        if missing or unexpected:
+            raise ModelError(f"The checkpoint's weights do not fit this model (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}).",
+                             "resume with the model the run was started with, or start over with resume=None.")
+
+    def save_model(self, model, tokenizer, directory: Path, state_dict: dict | None = None) -> None:
+        model.save_pretrained(directory, state_dict=state_dict)
+        tokenizer.save_pretrained(directory)
+        mapping = {"id2label": self.labels.id2label, "label2id": self.labels.label2id,
+                   "values": [str(v) for v in self.labels.values]}
+        (directory / LABELS_FILE).write_text(json.dumps(mapping, indent=2) + "\n", encoding="utf-8")
+
+    def identity(self) -> dict:
+        return {"task": self.name, "text_columns": list(self.text_columns), "label_column": self.label_column,
+                "labels": list(self.labels.names), "data_fingerprint": self.data_fingerprint}
+
+
+def load_pretrained(auto_class, choice: ModelChoice, **kwargs):
+    """``auto_class.from_pretrained`` with every failure turned into a ModelError with a fix."""
+    try:
+        return auto_class.from_pretrained(choice.name_or_path, revision=choice.revision, **kwargs)
+    except Exception as exc:  # OSError, ValueError, HF hub errors: all mean "cannot load this"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fix = "check the name on https://huggingface.co/models, or pass a local folder with config.json"
+        if is_offline():
+            fix = OFFLINE_FIX
+        raise ModelError(f"Cannot load model {choice.name_or_path!r}: {reason}", fix) from None
