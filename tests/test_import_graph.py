@@ -21,7 +21,7 @@ ENGINE = ("workbench.train", "workbench.tasks", "workbench.checkpoint", "workben
           "workbench.batching", "workbench.precision", "workbench.config", "workbench.watcher",
           "workbench.distributed", "workbench.stopping", "workbench.optim", "workbench.results",
           "workbench.memory", "workbench.progress", "workbench.train_cli", "workbench.gpu",
-          "workbench.doctor", "workbench.diagnostics", "workbench.regress", "workbench.regression")
+          "workbench.diagnostics", "workbench.notebook_regression")
 # Notebook-only helpers the engine may call into without following their display code.
 NOTEBOOK_HELPERS = ("workbench.record",)
 

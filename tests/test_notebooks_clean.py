@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from workbench.regress import BASELINES_FILE, PROFILES_FILE, load_baselines, load_profiles
+from workbench.notebook_regression.baselines import load_baselines
+from workbench.notebook_regression.bundled import baselines_file, profiles_file
+from workbench.notebook_regression.profiles import load_profiles, notebook_parameters
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -21,10 +23,6 @@ IDS = [p.name for p in NOTEBOOKS]
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def relative(path: Path) -> str:
-    return path.relative_to(REPO).as_posix()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -63,19 +61,17 @@ def test_has_exactly_one_parameters_cell(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_is_in_the_ci_profile(path):
-    ci = load_profiles(REPO / PROFILES_FILE)["ci"]
-    assert relative(path) in ci.notebooks, (
-        f"{relative(path)} is not in the ci profile of {PROFILES_FILE}: add it so CI runs it"
+    ci = load_profiles(profiles_file())["ci"]
+    assert path.name in ci.notebooks, (
+        f"{path.name} is not in the ci profile of {profiles_file()}: add it so CI runs it"
     )
 
 
 def test_profiles_name_existing_notebooks_and_known_parameters():
-    from workbench.regress import notebook_parameters
-
     problems = []
-    for profile in load_profiles(REPO / PROFILES_FILE).values():
+    for profile in load_profiles(profiles_file()).values():
         for notebook, params in profile.notebooks.items():
-            path = REPO / notebook
+            path = REPO / "notebooks" / notebook
             if not path.is_file():
                 problems.append(f"{profile.name}: {notebook} does not exist")
                 continue
@@ -86,7 +82,7 @@ def test_profiles_name_existing_notebooks_and_known_parameters():
 
 
 def test_baselines_name_notebooks_of_their_profile():
-    profiles = load_profiles(REPO / PROFILES_FILE)
+    profiles = load_profiles(profiles_file())
     for name, profile in profiles.items():
-        extra = set(load_baselines(REPO / BASELINES_FILE, name)) - set(profile.notebooks)
+        extra = set(load_baselines(baselines_file(), name)) - set(profile.notebooks)
         assert not extra, f"baselines for {name} name notebooks outside the profile: {extra}"

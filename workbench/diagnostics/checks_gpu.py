@@ -30,8 +30,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workbench.doctor.report import ERROR, OK, WARN, CheckResult
-from workbench.doctor.values import _version_tuple, format_bytes
+from workbench.diagnostics.report import ERROR, OK, WARN, CheckResult
+from workbench.diagnostics.values import _version_tuple, format_bytes
 
 # Lowest Linux driver of each CUDA toolkit release (CUDA release notes, table 3).
 TOOLKIT_MIN_DRIVER = {

@@ -1,7 +1,7 @@
 """Regression profiles: which notebooks run, with which parameters, under which timeouts.
 
-The file is ``environment/regress_profiles.yaml``; its format is described in its
-header comment. Everything here is checked before any kernel starts, so a typo in
+The shipped file is ``profiles.yaml`` beside this module (``bundled.profiles_file()``);
+its format is described in its header comment. Everything here is checked before any kernel starts, so a typo in
 the file costs a second, not a CI run.
 """
 
@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import RegressionError
-from workbench.regress.checks import load_yaml, positive
+from workbench.notebook_regression.checks import load_yaml, positive
 
-PROFILES_FILE = Path("environment/regress_profiles.yaml")
 DEFAULT_CELL_TIMEOUT_S = 600.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
 PROFILE_KEYS = ("description", "kernel", "cell_timeout_s", "notebook_timeout_s", "env", "notebooks")
@@ -27,7 +26,7 @@ class Profile:
     """One named set of notebooks and the parameters to run them with."""
 
     name: str
-    notebooks: dict[str, dict[str, Any]]  # path relative to the repo root -> parameters
+    notebooks: dict[str, dict[str, Any]]  # path relative to the notebooks folder -> parameters
     description: str = ""
     kernel: str = "python3"
     cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S
@@ -63,7 +62,7 @@ def load_profiles(path: str | Path) -> dict[str, Profile]:
         if not isinstance(notebooks, dict) or not notebooks:
             raise RegressionError(
                 f"{where}.notebooks is missing or empty.",
-                "List notebooks as `notebooks/NAME.ipynb: {parameter: value, ...}`.",
+                "List notebooks as `NAME.ipynb: {parameter: value, ...}`.",
             )
         for notebook, params in notebooks.items():
             if params is not None and not isinstance(params, dict):

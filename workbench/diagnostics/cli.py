@@ -1,14 +1,14 @@
-"""`workbench doctor`: the CLI over :func:`workbench.doctor.doctor`."""
+"""`workbench doctor`: the CLI over :func:`workbench.diagnostics.diagnose.doctor`."""
 
 from __future__ import annotations
 
 import argparse
 
-from workbench.doctor.diagnose import doctor
+from workbench.diagnostics.diagnose import doctor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the report as JSON (schema: workbench/doctor/report.py)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (schema: workbench/diagnostics/report.py)")
     parser.add_argument(
         "--output-dir", default=None, metavar="DIR",
         help="checkpoint directory to check (default: $WORKBENCH_OUTPUT_DIR or ./outputs)",

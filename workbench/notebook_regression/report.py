@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.regress.baselines import Baseline, MetricResult
+from workbench.notebook_regression.baselines import Baseline, MetricResult
 
 
 @dataclass
@@ -51,6 +51,10 @@ class RegressReport:
     kernel_python: str
     results: list[NotebookResult]
     baseline_changes: list[str] | None = None  # set when --update-baselines rewrote the file
+    # Which files ran: the shipped copies, a checkout's or ones given on the command line.
+    notebooks_dir: str = ""
+    profiles_file: str = ""
+    baselines_file: str = ""
 
     @property
     def failed_notebooks(self) -> list[NotebookResult]:
@@ -85,6 +89,9 @@ class RegressReport:
             "",
             f"{self.summary()}. {len(self.results)} notebook(s) in {self.wall_s:.1f} s, "
             f"started {self.started_at}, kernel `{self.kernel}` ({self.kernel_python}).",
+            "",
+            f"Notebooks from `{self.notebooks_dir}`; profiles `{self.profiles_file}`; "
+            f"baselines `{self.baselines_file}`.",
             "",
             "| notebook | metric | baseline | value | verdict |",
             "|---|---|---|---|---|",

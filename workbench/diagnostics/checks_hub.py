@@ -7,8 +7,8 @@ import threading
 import urllib.error
 import urllib.request
 
-from workbench.doctor.facts import HubFacts
-from workbench.doctor.report import ERROR, OK, WARN, CheckResult
+from workbench.diagnostics.facts import HubFacts
+from workbench.diagnostics.report import ERROR, OK, WARN, CheckResult
 
 HUB_TIMEOUT_S = 2.0
 
@@ -17,7 +17,7 @@ def check_hub_cache(h: HubFacts) -> CheckResult:
     name = "hf cache"
     if not h.installed:
         return CheckResult(name, ERROR, "huggingface_hub is not installed.",
-                           "pip install -r environment/requirements-cpu.txt")
+                           "pip install huggingface_hub (in a workbench checkout: bash scripts/setup.sh)")
     c = h.cache
     if c is not None and not c.writable:
         return CheckResult(

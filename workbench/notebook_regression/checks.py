@@ -36,7 +36,8 @@ def load_yaml(path: Path, what: str) -> Any:
     except FileNotFoundError:
         raise RegressionError(
             f"The {what} file {path} does not exist.",
-            "Run from the repository root, or pass --root / the file's path.",
+            "Check the path given with --profiles-file / --baselines-file (relative paths start "
+            "at the current folder); leave the option out to use the file shipped with workbench.",
         ) from None
     except yaml.YAMLError as exc:
         raise RegressionError(

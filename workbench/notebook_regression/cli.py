@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from workbench.regress.baselines import BASELINES_FILE
-from workbench.regress.profiles import PROFILES_FILE
-from workbench.regress.run import DEFAULT_OUTPUT_DIR, regress
+from workbench.notebook_regression.run import DEFAULT_OUTPUT_DIR, regress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,9 +42,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write this run's values into the baselines file (keeps direction/tolerance) for review",
     )
-    parser.add_argument("--root", default=".", help="repository root (default: current folder)")
-    parser.add_argument("--profiles-file", default=str(PROFILES_FILE), help="relative to --root")
-    parser.add_argument("--baselines-file", default=str(BASELINES_FILE), help="relative to --root")
+    # The defaults are the files shipped in the package: a checkout's own in its editable
+    # install, so the command works the same from any folder and from an installed wheel.
+    parser.add_argument(
+        "--notebooks-dir",
+        metavar="DIR",
+        help="folder the profile's notebook paths are relative to "
+        "(default: the shipped notebooks; in a checkout, its notebooks/)",
+    )
+    parser.add_argument(
+        "--profiles-file", metavar="PATH", help="profiles YAML (default: the shipped profiles.yaml)"
+    )
+    parser.add_argument(
+        "--baselines-file",
+        metavar="PATH",
+        help="baselines YAML (default: the shipped baselines.yaml; --update-baselines writes it "
+        "only in a checkout, otherwise name the file to write)",
+    )
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -54,7 +66,7 @@ def run_cli(args: argparse.Namespace) -> int:
         args.profile,
         notebooks=args.notebooks,
         output_dir=args.output_dir,
-        root=args.root,
+        notebooks_dir=args.notebooks_dir,
         profiles_file=args.profiles_file,
         baselines_file=args.baselines_file,
         kernel=args.kernel,

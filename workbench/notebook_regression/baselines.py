@@ -1,4 +1,4 @@
-"""Baselines (``environment/regress_baselines.yaml``) and the verdict for each recorded metric.
+"""Baselines (``baselines.yaml`` beside this module) and the verdict for each recorded metric.
 
 A baseline is the accepted value of a metric, the direction that counts as
 better and how far a new value may move the wrong way before CI fails.
@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import RegressionError
-from workbench.regress.checks import is_number, load_yaml, non_negative
+from workbench.notebook_regression.checks import is_number, load_yaml, non_negative
 
-BASELINES_FILE = Path("environment/regress_baselines.yaml")
 DIRECTIONS = ("higher", "lower", "equal")
 FAILING_VERDICTS = ("regressed", "missing", "invalid")
 

@@ -9,25 +9,25 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from workbench.errors import RegressionError
-from workbench.regress.baselines import BASELINES_FILE, load_baselines
-from workbench.regress.checks import positive
-from workbench.regress.console import Log, print_line
-from workbench.regress.kernels import resolve_kernel
-from workbench.regress.placeholders import (
+from workbench.notebook_regression import bundled
+from workbench.notebook_regression.baselines import load_baselines
+from workbench.notebook_regression.checks import positive
+from workbench.notebook_regression.console import Log, print_line
+from workbench.notebook_regression.kernels import resolve_kernel
+from workbench.notebook_regression.placeholders import (
     fill_placeholders,
     placeholders_in,
     prepare_placeholders,
 )
-from workbench.regress.profiles import (
-    PROFILES_FILE,
+from workbench.notebook_regression.profiles import (
     Profile,
     load_profiles,
     notebook_parameters,
     select_notebooks,
 )
-from workbench.regress.report import RegressReport
-from workbench.regress.runner import Runner, Task
-from workbench.regress.update_baselines import write_updated_baselines
+from workbench.notebook_regression.report import RegressReport
+from workbench.notebook_regression.runner import Runner, Task
+from workbench.notebook_regression.update_baselines import write_updated_baselines
 
 DEFAULT_OUTPUT_DIR = Path("regress-out")
 # Set for every kernel; a profile's `env` adds to (and may override) these.
@@ -46,7 +46,7 @@ def regress(
     *,
     notebooks: list[str] | None = None,
     output_dir: str | Path = DEFAULT_OUTPUT_DIR,
-    root: str | Path = ".",
+    notebooks_dir: str | Path | None = None,
     profiles_file: str | Path | None = None,
     baselines_file: str | Path | None = None,
     kernel: str | None = None,
@@ -58,13 +58,17 @@ def regress(
 ) -> RegressReport:
     """Run a profile's notebooks, compare their records with the baselines, write the report.
 
-    Relative paths (notebooks, profiles and baselines files) are taken from ``root``,
-    the repository root. Returns the report; ``report.ok`` says whether CI passes.
+    The profile's notebook paths are relative to ``notebooks_dir``; the notebooks,
+    profiles and baselines default to the copies shipped in the package, which in a
+    checkout's editable install are the checkout's own files, so nothing depends on the
+    working directory. Returns the report; ``report.ok`` says whether CI passes.
     """
-    root = Path(root).resolve()
-    profiles_file = root / (profiles_file or PROFILES_FILE)
-    baselines_file = root / (baselines_file or BASELINES_FILE)
+    notebooks_dir = Path(notebooks_dir or bundled.notebooks_dir()).resolve()
+    profiles_file = Path(profiles_file or bundled.profiles_file()).resolve()
+    baselines_file = Path(baselines_file or bundled.baselines_file()).resolve()
     output_dir = Path(output_dir).resolve()
+    if update_baselines:  # before any kernel starts: a refusal costs a second, not a run
+        bundled.check_baselines_writable(baselines_file)
     profiles = load_profiles(profiles_file)
     if profile not in profiles:
         raise RegressionError(
@@ -79,7 +83,7 @@ def regress(
     notebook_timeout = positive(notebook_timeout_s or prof.notebook_timeout_s, "--notebook-timeout")
     chosen = select_notebooks(prof, notebooks)
     baselines = load_baselines(baselines_file, profile)
-    tasks = _check_notebooks(prof, chosen, root, output_dir)
+    tasks = _check_notebooks(prof, chosen, notebooks_dir, output_dir)
 
     output_dir.mkdir(parents=True, exist_ok=True)
     shared_dir = output_dir / "shared"
@@ -105,7 +109,7 @@ def regress(
         log=log,
     )
     log(
-        f"[regress] profile {profile}: {len(tasks)} notebook(s), jobs={jobs}, "
+        f"[regress] profile {profile}: {len(tasks)} notebook(s) from {notebooks_dir}, jobs={jobs}, "
         f"cell timeout {cell_timeout:g} s, notebook timeout {notebook_timeout:g} s"
     )
     # Threads only wait on worker processes, so N threads run N notebooks at once.
@@ -124,6 +128,9 @@ def regress(
         kernel=kernel_choice.name,
         kernel_python=kernel_choice.python,
         results=results,
+        notebooks_dir=str(notebooks_dir),
+        profiles_file=str(profiles_file),
+        baselines_file=str(baselines_file),
     )
     if update_baselines:
         report.baseline_changes = write_updated_baselines(report, baselines_file)
@@ -135,16 +142,19 @@ def regress(
     return report
 
 
-def _check_notebooks(prof: Profile, chosen: list[str], root: Path, output_dir: Path) -> list[Task]:
+def _check_notebooks(
+    prof: Profile, chosen: list[str], notebooks_dir: Path, output_dir: Path
+) -> list[Task]:
     """Catch profile mistakes before any kernel starts: missing files, unknown parameters."""
     tasks = []
     stems = {}
     for nb in chosen:
-        path = (root / nb).resolve()
+        path = (notebooks_dir / nb).resolve()
         if not path.is_file():
             raise RegressionError(
                 f"Notebook {nb} of profile {prof.name!r} does not exist ({path}).",
-                "Fix the path in the profiles file (paths are relative to the repository root).",
+                "Fix the path in the profiles file (paths are relative to the notebooks folder, "
+                "--notebooks-dir).",
             )
         params = prof.notebooks[nb]
         if params:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.doctor.facts import TorchFacts
-from workbench.doctor.report import ERROR, OK, WARN, CheckResult
-from workbench.doctor.values import _version_tuple
+from workbench.diagnostics.facts import TorchFacts
+from workbench.diagnostics.report import ERROR, OK, WARN, CheckResult
+from workbench.diagnostics.values import _version_tuple
 
 MIN_PYTHON = (3, 10)
 
@@ -17,7 +17,8 @@ def check_python(version: str, minimum: tuple[int, int] = MIN_PYTHON) -> CheckRe
         need = ".".join(map(str, minimum))
         return CheckResult(
             "python", ERROR, f"Python {version} is too old: workbench needs Python >= {need}.",
-            f"Create the environment with Python {need} or newer (bash scripts/setup.sh).",
+            f"Create the environment with Python {need} or newer (in a workbench checkout: "
+            "PYTHON=/path/to/python3 bash scripts/setup.sh).",
         )
     return CheckResult("python", OK, f"Python {version}")
 
@@ -26,12 +27,14 @@ def check_package(name: str, version: str | None, minimum: str | None = None) ->
     if version is None:
         return CheckResult(
             name, ERROR, f"{name} is not installed.",
-            f"pip install -r environment/requirements-cpu.txt (or -gpu.txt); at least: pip install '{name}>={minimum or '0'}'",
+            f"pip install '{name}>={minimum or '0'}' (in a workbench checkout, the pinned set: "
+            "bash scripts/setup.sh).",
         )
     if minimum and _version_tuple(version) < _version_tuple(minimum):
         return CheckResult(
             name, ERROR, f"{name} {version} is older than the {minimum} workbench needs.",
-            f"pip install -U '{name}>={minimum}' (the pinned set: environment/requirements-*.txt).",
+            f"pip install -U '{name}>={minimum}' (in a workbench checkout, the pinned set: "
+            "bash scripts/setup.sh).",
         )
     return CheckResult(name, OK, f"{name} {version}")
 
@@ -40,7 +43,8 @@ def check_torch_build(t: TorchFacts) -> CheckResult:
     if t.version is None:
         return CheckResult(
             "torch build", ERROR, f"torch cannot be imported: {t.import_error}",
-            "Reinstall torch from environment/requirements-*.txt (CUDA machines: requirements-gpu.txt).",
+            "Reinstall torch (the command for your machine: https://pytorch.org/get-started/locally/; "
+            "in a workbench checkout: bash scripts/setup.sh).",
         )
     if not t.cuda_build:
         return CheckResult("torch build", OK, f"torch {t.version}: CPU-only build (no CUDA)")
@@ -68,8 +72,9 @@ def check_cuda_available(t: TorchFacts, status: Any) -> CheckResult:
             name, ERROR,
             f"The NVIDIA driver sees {getattr(status, 'device_count', '?')} GPU(s) but torch "
             f"{t.version} is a CPU-only build: training would silently run on the CPU.",
-            "Install a CUDA build of torch: pip install -r environment/requirements-gpu.txt "
-            "(or pick the command at https://pytorch.org/get-started/locally/).",
+            "Install a CUDA build of torch: pick the command at "
+            "https://pytorch.org/get-started/locally/ (in a workbench checkout, the pinned set "
+            "is environment/requirements-gpu.txt; the Docker image has it built in).",
         )
     if hidden is not None and hidden.strip() in ("", "-1"):
         return CheckResult(

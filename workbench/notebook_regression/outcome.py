@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.notebook_regression.baselines import Baseline, compare_metrics
+from workbench.notebook_regression.report import NotebookFailure, NotebookResult
 from workbench.record import read_records
-from workbench.regress.baselines import Baseline, compare_metrics
-from workbench.regress.report import NotebookFailure, NotebookResult
 
 if TYPE_CHECKING:  # runner imports this module to build its results
-    from workbench.regress.runner import Task
+    from workbench.notebook_regression.runner import Task
 
 
 def notebook_result(

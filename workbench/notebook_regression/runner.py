@@ -1,6 +1,6 @@
 """Running one notebook in a worker process, under a deadline the parent owns.
 
-Each notebook runs in its own worker (``python -m workbench.regress --worker
+Each notebook runs in its own worker (``python -m workbench.notebook_regression --worker
 SPEC``, see worker.py) that calls papermill. When the per-notebook deadline
 passes, the worker and its kernel (the whole process tree) are killed, so a hung
 cell or a wedged kernel can never hang CI.
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.regress.baselines import Baseline
-from workbench.regress.console import Log
-from workbench.regress.outcome import notebook_result
-from workbench.regress.report import NotebookResult
+from workbench.notebook_regression.baselines import Baseline
+from workbench.notebook_regression.console import Log
+from workbench.notebook_regression.outcome import notebook_result
+from workbench.notebook_regression.report import NotebookResult
 
 KILL_GRACE_S = 5.0  # after SIGTERM, how long the worker gets to save before SIGKILL
 
@@ -94,7 +94,7 @@ class Runner:
         timed_out = False
         with open(task.log_path, "wb") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "workbench.regress", "--worker", str(task.spec_path)],
+                [sys.executable, "-m", "workbench.notebook_regression", "--worker", str(task.spec_path)],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

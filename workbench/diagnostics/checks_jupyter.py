@@ -3,8 +3,8 @@ who reaches its port run code as this user."""
 
 from __future__ import annotations
 
-from workbench.doctor.facts import JupyterFacts
-from workbench.doctor.report import ERROR, OK, WARN, CheckResult
+from workbench.diagnostics.facts import JupyterFacts
+from workbench.diagnostics.report import ERROR, OK, WARN, CheckResult
 
 
 def check_jupyter(j: JupyterFacts) -> CheckResult:

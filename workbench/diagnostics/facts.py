@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from workbench.doctor.mounts import MountEntry, find_mount
+from workbench.diagnostics.mounts import MountEntry, find_mount
 
 # package -> lowest version workbench works with (mirrors pyproject.toml)
 REQUIRED_PACKAGES = {

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.errors import RegressionError
-from workbench.regress.console import Log, print_line
+from workbench.notebook_regression.console import Log, print_line
 
 
 @dataclass

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from workbench.regress.checks import is_number
+from workbench.notebook_regression.checks import is_number
 
 if TYPE_CHECKING:  # report imports baselines; at run time only the report's data is read
-    from workbench.regress.report import RegressReport
+    from workbench.notebook_regression.report import RegressReport
 
 _KEY_LINE = re.compile(
     r"""^(?P<indent>\s*)(?P<q>["']?)(?P<key>[^"'#\s][^"'#]*?)(?P=q):(?:\s+|$)(?P<rest>.*)$"""

@@ -21,12 +21,38 @@ import psutil
 import pytest
 import yaml
 
-from workbench import regress as rg
 from workbench.errors import RegressionError
+from workbench.notebook_regression import bundled
+from workbench.notebook_regression.baselines import (
+    Baseline,
+    compare_metric,
+    compare_metrics,
+    load_baselines,
+)
+from workbench.notebook_regression.kernels import resolve_kernel
+from workbench.notebook_regression.outcome import source_cell
+from workbench.notebook_regression.placeholders import (
+    TINY_DATA_ROWS,
+    fill_placeholders,
+    placeholders_in,
+    prepare_placeholders,
+)
+from workbench.notebook_regression.profiles import (
+    Profile,
+    load_profiles,
+    notebook_parameters,
+    select_notebooks,
+)
+from workbench.notebook_regression.run import regress
+from workbench.notebook_regression.runner import KILL_GRACE_S, kill_tree
 
-FIXTURES = Path(__file__).parent / "fixtures" / "regress"
-FIXTURE_ARGS = ["--root", str(FIXTURES), "--profiles-file", "profiles.yaml", "--profile", "fixtures"]
-DEADLINE_S = 15  # long enough for a kernel to start on a loaded machine
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "regress"
+FIXTURE_ARGS = ["--notebooks-dir", str(FIXTURES), "--profiles-file", str(FIXTURES / "profiles.yaml"),
+                "--profile", "fixtures"]  # fmt: skip
+# Long enough for a kernel to start and reach cell 3 on 2 cores shared with other jobs (15 s
+# was not, at load 9); the main run takes longer, so this costs no wall time.
+DEADLINE_S = 40
 
 
 def workbench_cli() -> list[str]:
@@ -174,7 +200,7 @@ def test_the_kernel_runs_this_python_with_the_harness_environment(runs):
     assert records["headless"] == "1"
     assert records["profile_env"] == "from-profile"
     assert records["cwd"] == str(FIXTURES.resolve())  # the notebook's folder, as in JupyterLab
-    assert records["train_rows"] == rg.TINY_DATA_ROWS["train"]  # {tiny_data} was prepared
+    assert records["train_rows"] == TINY_DATA_ROWS["train"]  # {tiny_data} was prepared
     done = runs["main"].out / "scratch" / "records_metric" / "done.txt"  # {output_dir}
     assert done.read_text() == "ok"
 
@@ -224,7 +250,7 @@ def test_a_notebook_past_its_deadline_is_killed_with_its_kernel(runs):
     failure = result["failure"]
     assert failure["kind"] == "notebook_timeout", failure
     assert failure["cell"] == 3 and f"notebook timeout ({DEADLINE_S} s)" in failure["message"]
-    assert result["wall_s"] < DEADLINE_S + rg.KILL_GRACE_S + 10
+    assert result["wall_s"] < DEADLINE_S + KILL_GRACE_S + 10
     kernel_pid = int((deadline.out / "scratch" / "slow_cell" / "kernel.pid").read_text())
     assert not psutil.pid_exists(kernel_pid) or psutil.Process(kernel_pid).status() == "zombie"
 
@@ -242,7 +268,7 @@ def test_a_kernel_that_fails_to_start_is_retried_once(runs):
 # -- no kernel needed ----------------------------------------------------------------
 
 
-B = rg.Baseline
+B = Baseline
 
 
 @pytest.mark.parametrize(
@@ -267,11 +293,11 @@ B = rg.Baseline
     ],
 )
 def test_compare_metric(value, baseline, verdict):
-    assert rg.compare_metric("m", value, baseline).verdict == verdict
+    assert compare_metric("m", value, baseline).verdict == verdict
 
 
 def test_compare_metrics_reports_missing_and_unbaselined_records():
-    results = rg.compare_metrics({"acc": 0.9, "extra": 1}, {"acc": B(0.9), "f1": B(0.8)})
+    results = compare_metrics({"acc": 0.9, "extra": 1}, {"acc": B(0.9), "f1": B(0.8)})
     assert [(m.name, m.verdict, m.failed) for m in results] == [
         ("acc", "pass", False), ("f1", "missing", True), ("extra", "no baseline", False),
     ]  # fmt: skip
@@ -296,7 +322,7 @@ def write_profile(tmp_path: Path, body: str) -> Path:
 )
 def test_profile_mistakes_name_the_key(tmp_path, body, expected):
     with pytest.raises(RegressionError) as info:
-        rg.load_profiles(write_profile(tmp_path, body))
+        load_profiles(write_profile(tmp_path, body))
     assert expected in str(info.value) and info.value.fix
 
 
@@ -313,47 +339,72 @@ def test_baseline_mistakes_name_the_entry(tmp_path, entry, expected):
     path = tmp_path / "baselines.yaml"
     path.write_text(f"ci:\n  nb.ipynb:\n    acc: {entry}\n")
     with pytest.raises(RegressionError) as info:
-        rg.load_baselines(path, "ci")
+        load_baselines(path, "ci")
     assert expected in str(info.value) and "ci.nb.ipynb.acc" in str(info.value)
 
 
 def test_missing_baselines_file_means_no_baselines(tmp_path):
-    assert rg.load_baselines(tmp_path / "none.yaml", "ci") == {}
+    assert load_baselines(tmp_path / "none.yaml", "ci") == {}
 
 
 def test_shipped_profiles_and_baselines_load():
-    root = Path(__file__).resolve().parents[1]
-    profiles = rg.load_profiles(root / rg.PROFILES_FILE)
+    profiles = load_profiles(bundled.profiles_file())
     assert {"ci", "full"} <= set(profiles)
     for name in profiles:
-        baselines = rg.load_baselines(root / rg.BASELINES_FILE, name)
+        baselines = load_baselines(bundled.baselines_file(), name)
         assert set(baselines) <= set(profiles[name].notebooks), name
 
 
+def test_shipped_files_are_the_checkouts_own_in_its_editable_install():
+    # So a checkout edits, runs and updates its own files, from any working folder.
+    assert bundled.notebooks_dir() == REPO / "notebooks"
+    assert bundled.profiles_file() == REPO / "workbench" / "notebook_regression" / "profiles.yaml"
+    assert bundled.baselines_file().parent == bundled.profiles_file().parent
+    assert not bundled.is_installed_copy(bundled.baselines_file())
+    bundled.check_baselines_writable(bundled.baselines_file())  # the checkout's: allowed
+
+
+def test_update_baselines_refuses_a_file_installed_by_pip(tmp_path, monkeypatch):
+    assert bundled.is_installed_copy(yaml.__file__)  # a real package in this venv's site-packages
+    site_packages = tmp_path / "site-packages"
+    installed = site_packages / "workbench" / "notebook_regression" / "baselines.yaml"
+    installed.parent.mkdir(parents=True)
+    shutil.copy(FIXTURES / "baselines.yaml", installed)
+    monkeypatch.setattr(bundled, "install_dirs", lambda: [site_packages.resolve()])
+    with pytest.raises(RegressionError, match="installed with the workbench package") as info:
+        regress("fixtures", notebooks_dir=FIXTURES, profiles_file=FIXTURES / "profiles.yaml",
+                baselines_file=installed, update_baselines=True, output_dir=tmp_path / "o")  # fmt: skip
+    assert "--baselines-file" in info.value.fix
+    assert not (tmp_path / "o").exists()  # refused before anything ran
+    bundled.check_baselines_writable(tmp_path / "mine.yaml")  # a file of the user's: allowed
+    with pytest.raises(RegressionError, match="not writable"):
+        bundled.check_baselines_writable(tmp_path / "no-such-folder" / "mine.yaml")
+
+
 def test_select_notebooks_by_path_name_stem_or_prefix():
-    prof = rg.Profile("ci", {"notebooks/01_quickstart.ipynb": {}, "notebooks/02_bert.ipynb": {}})
-    assert rg.select_notebooks(prof, None) == list(prof.notebooks)
-    assert rg.select_notebooks(prof, ["02", "01_quickstart"]) == list(prof.notebooks)
-    assert rg.select_notebooks(prof, ["notebooks/02_bert.ipynb"]) == ["notebooks/02_bert.ipynb"]
+    prof = Profile("ci", {"notebooks/01_quickstart.ipynb": {}, "notebooks/02_bert.ipynb": {}})
+    assert select_notebooks(prof, None) == list(prof.notebooks)
+    assert select_notebooks(prof, ["02", "01_quickstart"]) == list(prof.notebooks)
+    assert select_notebooks(prof, ["notebooks/02_bert.ipynb"]) == ["notebooks/02_bert.ipynb"]
     with pytest.raises(RegressionError, match="matches no notebook") as info:
-        rg.select_notebooks(prof, ["03"])
+        select_notebooks(prof, ["03"])
     assert "01_quickstart" in info.value.fix
 
 
 def test_placeholders_are_filled_at_any_depth_and_others_left_alone():
     params = {"model": "{tiny_model}", "files": ["{tiny_data}/train.csv"], "fmt": "{epoch}", "n": 3}
-    assert rg.fill_placeholders(params, {"tiny_model": "/m", "tiny_data": "/d"}) == {
+    assert fill_placeholders(params, {"tiny_model": "/m", "tiny_data": "/d"}) == {
         "model": "/m", "files": ["/d/train.csv"], "fmt": "{epoch}", "n": 3,
     }  # fmt: skip
-    assert rg._placeholders_in(params) == {"tiny_model", "tiny_data"}
+    assert placeholders_in(params) == {"tiny_model", "tiny_data"}
 
 
 def test_tiny_data_placeholder_writes_learnable_csvs(tmp_path):
-    values = rg.prepare_placeholders({"tiny_data", "output_dir"}, tmp_path)
+    values = prepare_placeholders({"tiny_data", "output_dir"}, tmp_path)
     folder = Path(values["tiny_data"])
     assert set(values) == {"tiny_data"}  # tiny_model is only built when a notebook asks
     lines = (folder / "train.csv").read_text().splitlines()
-    assert lines[0] == "text,label" and len(lines) == 1 + rg.TINY_DATA_ROWS["train"]
+    assert lines[0] == "text,label" and len(lines) == 1 + TINY_DATA_ROWS["train"]
     assert len((folder / "validation.csv").read_text().splitlines()) == 1 + 200
 
 
@@ -363,21 +414,21 @@ def test_unknown_parameters_and_missing_notebooks_fail_before_any_kernel(tmp_pat
         f"profiles:\n  ci:\n    notebooks:\n      {FIXTURES}/records_metric.ipynb: {{acuracy: 1}}\n",
     )
     with pytest.raises(RegressionError, match="acuracy") as info:
-        rg.regress("ci", root=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
+        regress("ci", notebooks_dir=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
     assert "accuracy" in str(info.value)  # lists what the parameters cell defines
     assert not (tmp_path / "o").exists()
     profiles.write_text("profiles:\n  ci:\n    notebooks:\n      nope.ipynb: {}\n")
     with pytest.raises(RegressionError, match="does not exist"):
-        rg.regress("ci", root=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
+        regress("ci", notebooks_dir=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
     with pytest.raises(RegressionError, match="No profile 'gpu'"):
-        rg.regress("gpu", root=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
+        regress("gpu", notebooks_dir=tmp_path, profiles_file=profiles, output_dir=tmp_path / "o")
 
 
 def test_notebook_parameters_reads_the_tagged_cell():
-    assert rg.notebook_parameters(FIXTURES / "records_metric.ipynb") == {
+    assert notebook_parameters(FIXTURES / "records_metric.ipynb") == {
         "accuracy", "f1", "loss", "output_dir", "data_files",
     }  # fmt: skip
-    assert rg.notebook_parameters(FIXTURES / "kernel_dies.ipynb") is None
+    assert notebook_parameters(FIXTURES / "kernel_dies.ipynb") is None
 
 
 def test_source_cell_numbers_skip_the_injected_parameters_cell():
@@ -387,14 +438,14 @@ def test_source_cell_numbers_skip_the_injected_parameters_cell():
         {"metadata": {}},
         {"metadata": {}},
     ]}  # fmt: skip
-    assert rg._source_cell(nb, 0) == 1
-    assert rg._source_cell(nb, 3) == 3
+    assert source_cell(nb, 0) == 1
+    assert source_cell(nb, 3) == 3
 
 
 def test_python3_kernel_resolves_to_this_interpreter(tmp_path, monkeypatch):
     from jupyter_client.kernelspec import KernelSpecManager
 
-    choice = rg.resolve_kernel("python3", tmp_path, log=lambda line: None)
+    choice = resolve_kernel("python3", tmp_path, log=lambda line: None)
     assert choice.python == sys.executable and choice.env == {}
     # A user-level python3 spec for another interpreter is found first by jupyter_client...
     user = tmp_path / "user" / "kernels" / "python3"
@@ -405,7 +456,7 @@ def test_python3_kernel_resolves_to_this_interpreter(tmp_path, monkeypatch):
     }))  # fmt: skip
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "user"))
     lines = []
-    choice = rg.resolve_kernel("python3", tmp_path / "shared", log=lines.append)
+    choice = resolve_kernel("python3", tmp_path / "shared", log=lines.append)
     assert "/usr/bin/python3" in lines[0]
     # ...so the worker gets a JUPYTER_PATH whose python3 is this interpreter.
     monkeypatch.setenv("JUPYTER_PATH", choice.env["JUPYTER_PATH"])
@@ -414,7 +465,7 @@ def test_python3_kernel_resolves_to_this_interpreter(tmp_path, monkeypatch):
 
 def test_unknown_kernel_says_how_to_list_and_install(tmp_path):
     with pytest.raises(RegressionError, match="'no-such-kernel' is not installed") as info:
-        rg.resolve_kernel("no-such-kernel", tmp_path)
+        resolve_kernel("no-such-kernel", tmp_path)
     assert "jupyter kernelspec list" in info.value.fix
 
 
@@ -430,7 +481,7 @@ def test_kill_tree_stops_the_worker_and_a_child_in_its_own_session():
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     child_pid = int(proc.stdout.readline())
     t0 = time.monotonic()
-    rg._kill_tree(proc, grace_s=0.5)
+    kill_tree(proc, grace_s=0.5)
     assert time.monotonic() - t0 < 10
     assert proc.returncode is not None
     assert not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == "zombie"
@@ -446,8 +497,10 @@ def test_cli_options_map_onto_the_library():
     assert (args.profile, args.notebooks, args.jobs) == ("full", ["01", "02"], 3)
     assert (args.cell_timeout, args.notebook_timeout, args.kernel) == (30.0, 90.0, "k")
     assert args.update_baselines and args.output_dir == "regress-out"
+    # No default names a file: regress() takes the shipped ones, wherever the command runs.
+    assert args.notebooks_dir is args.profiles_file is args.baselines_file is None
 
 
 def test_worker_refuses_to_run_without_a_spec():
-    proc = subprocess.run([sys.executable, "-m", "workbench.regress"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "workbench.notebook_regression"], capture_output=True, text=True)
     assert proc.returncode != 0 and "workbench regress" in proc.stderr

@@ -11,22 +11,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.doctor.checks_gpu import check_bf16, check_driver, check_gpu_arch, check_mig
-from workbench.doctor.checks_hub import check_hub_cache, check_hub_offline, check_hub_reachable
-from workbench.doctor.checks_jupyter import check_jupyter
-from workbench.doctor.checks_software import (
+from workbench.diagnostics.checks_gpu import check_bf16, check_driver, check_gpu_arch, check_mig
+from workbench.diagnostics.checks_hub import check_hub_cache, check_hub_offline, check_hub_reachable
+from workbench.diagnostics.checks_jupyter import check_jupyter
+from workbench.diagnostics.checks_software import (
     check_cuda_available,
     check_package,
     check_python,
     check_torch_build,
 )
-from workbench.doctor.checks_system import (
+from workbench.diagnostics.checks_system import (
     check_output_space,
     check_output_volume,
     check_output_writable,
     check_shm,
 )
-from workbench.doctor.facts import (
+from workbench.diagnostics.facts import (
     REQUIRED_PACKAGES,
     DirFacts,
     HubFacts,
@@ -42,8 +42,8 @@ from workbench.doctor.facts import (
     gather_shm,
     gather_torch,
 )
-from workbench.doctor.mounts import _read_text, gather_container, parse_mountinfo
-from workbench.doctor.report import CheckResult, DoctorReport
+from workbench.diagnostics.mounts import _read_text, gather_container, parse_mountinfo
+from workbench.diagnostics.report import CheckResult, DoctorReport
 
 
 def _plain(obj: Any) -> Any:

@@ -1,6 +1,6 @@
 """The worker: executes one notebook with papermill, inside its own process.
 
-The parent (runner.py) starts it as ``python -m workbench.regress --worker SPEC``
+The parent (runner.py) starts it as ``python -m workbench.notebook_regression --worker SPEC``
 and reads the outcome from the spec's ``result_path``. A cell error is never
 retried (notebooks are deterministic enough that a retry hides bugs); only a
 kernel that fails to start is retried, once.
@@ -91,7 +91,7 @@ def execute_one(spec: Mapping[str, Any]) -> dict[str, Any]:
                     "message": message,
                 }
             outcome = {"outcome": "kernel_start", "attempts": attempt, "message": message}
-            logging.getLogger("workbench.regress").warning(
+            logging.getLogger("workbench.notebook_regression").warning(
                 "kernel failed to start (%s)%s", message, "; retrying once" if attempt == 1 else ""
             )
     return outcome

@@ -3,9 +3,9 @@ checkpoint directory (writable, free space, on a volume that outlives the contai
 
 from __future__ import annotations
 
-from workbench.doctor.facts import DirFacts, ShmFacts
-from workbench.doctor.report import ERROR, OK, WARN, CheckResult
-from workbench.doctor.values import GiB, format_bytes
+from workbench.diagnostics.facts import DirFacts, ShmFacts
+from workbench.diagnostics.report import ERROR, OK, WARN, CheckResult
+from workbench.diagnostics.values import GiB, format_bytes
 
 SHM_MIN_BYTES = 1 * GiB  # below this, DataLoader workers run out of shared memory
 OUTPUT_MIN_FREE_BYTES = 5 * GiB  # a BERT-base checkpoint with optimizer state is ~1.3 GB
