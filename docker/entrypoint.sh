@@ -43,6 +43,9 @@ seed_notebooks() {
     fi
     for item in "$WORKBENCH_NOTEBOOKS_SOURCE"/*; do
         [ -e "$item" ] || continue
+        case "$(basename "$item")" in
+            __init__.py|__pycache__) continue ;;  # package plumbing (the wheel's workbench._notebooks)
+        esac
         [ -e "$target/$(basename "$item")" ] || cp -R "$item" "$target/"
     done
 }
