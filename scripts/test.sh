@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# configurable-http-proxy (npm) for the JupyterHub tests
+bash scripts/setup_hub_proxy.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
 
