@@ -110,8 +110,9 @@ class Hub:
                                         start_new_session=True)
         self._wait_up()
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-6000:]
+    def log(self, tail: int | None = 6000) -> str:
+        text = self.log_path.read_text(errors="replace")
+        return text[-tail:] if tail else text
 
     def _wait_up(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -274,6 +275,22 @@ def test_a_class_on_jupyterhub(hub):
     assert r.status_code in (302, 403), r.status_code
     assert r.status_code == 403 or "/hub/" in r.headers["Location"]
 
+    # --- in the browser: the hub's OAuth logs alice into her server; XSRF is still checked ------
+    r = alice.session.get(f"{hub.url}/user/alice/lab", timeout=60)
+    assert r.status_code == 200 and r.url.endswith("/user/alice/lab"), (r.status_code, r.url)
+    assert any(c.name == "jupyterhub-user-alice" for c in alice.session.cookies)
+    r = alice.session.post(f"{hub.url}/user/alice/api/kernels", json={"name": "python3"}, timeout=30)
+    assert r.status_code == 403, (r.status_code, r.text[:300])  # a cookie alone: a cross-site post
+    xsrf = next(c.value for c in alice.session.cookies if c.name == "_xsrf" and c.path.startswith("/user/alice"))
+    r = alice.session.post(f"{hub.url}/user/alice/api/kernels", json={"name": "python3"}, timeout=60,
+                           headers={"X-XSRFToken": xsrf})
+    assert r.status_code == 201, (r.status_code, r.text[:300])
+    assert alice.session.delete(f"{hub.url}/user/alice/api/kernels/{r.json()['id']}", timeout=30,
+                                headers={"X-XSRFToken": xsrf}).status_code == 204
+    # ... and her browser session does not open bob's server.
+    r = alice.session.get(f"{hub.url}/user/bob/lab", timeout=60)
+    assert r.status_code == 403, (r.status_code, r.url)
+
     # --- the workbench's own server: notebooks seeded, hub mode, doctor in a kernel ---------------
     for s in students.values():
         home = hub.tmp / "homes" / s.name
@@ -281,7 +298,8 @@ def test_a_class_on_jupyterhub(hub):
         r = s.api("GET", f"/user/{s.name}/api/contents/notebooks")
         assert r.status_code == 200, r.text
         assert "00_environment_check.ipynb" in {item["name"] for item in r.json()["content"]}
-    assert "JupyterHub single-user mode" in hub.log()
+    # Both servers ran the workbench's hub guard (and so not the standalone token guard).
+    assert hub.log(tail=None).count("workbench: JupyterHub single-user mode") == 2
 
     kernels = {}
     for s in students.values():
@@ -319,7 +337,7 @@ def test_a_class_on_jupyterhub(hub):
     assert asyncio.run(alice_works_until_bob_is_culled(CULL_TIMEOUT_S + 60)), \
         f"bob's idle server was not culled; hub log:\n{hub.log()}"
     culled_after = time.monotonic() - idle_since
-    assert "idle-culler" in hub.log()
+    assert "idle-culler" in hub.log(tail=None)
     server = alice.server()
     assert server is not None and server["ready"], "alice's active server was culled too"
     r = alice.api("GET", f"/user/alice/api/kernels/{kernels['alice']}")
