@@ -278,6 +278,7 @@ def test_slurm_script_passes_shellcheck():
     assert "requeue" in directives and directives["nodes"] == "2"
 
 
+@pytest.mark.slow  # a real torchrun training run
 def test_slurm_script_trains_on_this_machine_as_one_node(tiny_bert, tmp_path):
     """srun and scontrol are stand-ins; torchrun (c10d), workbench and the checks are real."""
     from workbench.config import DatasetChoice, ModelChoice, RunSpec, TrainConfig

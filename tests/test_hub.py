@@ -24,6 +24,9 @@ import pytest
 import requests
 from lab_helpers import free_port, http
 
+# More than 30 s on 2 cores (real processes); CI runs them (scripts/test.sh selects no marker).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
 SERVER_CONFIG = REPO / "workbench" / "lab_config" / "jupyter_server_config.py"

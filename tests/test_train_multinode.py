@@ -36,6 +36,9 @@ from lab_helpers import free_port
 from workbench.config import DatasetChoice, ModelChoice, RunSpec, TrainConfig
 from workbench.synthetic import write_csv
 
+# More than 30 s on 2 cores (real processes); CI runs them (scripts/test.sh selects no marker).
+pytestmark = pytest.mark.slow
+
 BATCH = 4
 ROWS = 128  # a multiple of 2 * BATCH: every batch is full (see the module docstring)
 STEPS = 24  # 16 batches per rank and epoch: 1.5 epochs, so an epoch boundary is crossed
