@@ -158,7 +158,7 @@ def check_settings(settings: Mapping[str, object]) -> None:
     from workbench import lab_guard
 
     provider = str(settings.get("identity_provider", ""))
-    if "JupyterHub" not in provider:
+    if provider != "JupyterHubIdentityProvider":  # jupyterhub.singleuser.extension's
         raise LabConfigError(
             f"JupyterHub's variables are set but the server authenticates with {provider or 'nothing'}, "
             "not with the hub's identity provider: the hub's login may not guard it.",
