@@ -188,8 +188,9 @@ def test_a_node_dies_and_the_job_resumes_from_the_last_complete_checkpoint(run_c
 
     out = tmp_path / "run"
     nodes = _two_nodes(run_config, out, tmp_path, max_restarts=1)
-    # Kill node 1's worker (not its torchrun agent, which restarts it) once training is past its
-    # second checkpoint: the job must restart both workers and continue from a checkpoint.
+    # Kill the worker of global rank 0, the one that writes (not its torchrun agent, which
+    # restarts it), once training is past its second checkpoint: the job must restart both
+    # workers and continue from a complete checkpoint.
     events_file = out / "events.jsonl"
     deadline = time.monotonic() + 180
     killed_after = None
@@ -199,10 +200,10 @@ def test_a_node_dies_and_the_job_resumes_from_the_last_complete_checkpoint(run_c
         if events_file.is_file():
             done = [e["step"] for e in _events(out) if e["kind"] == "checkpoint"]
             if len(done) >= 2:
-                workers = psutil.Process(nodes[1].pid).children()
-                assert workers, "node 1 has no worker process"
-                for worker in workers:
-                    worker.send_signal(signal.SIGKILL)
+                workers = [w for n in nodes for w in psutil.Process(n.pid).children()]
+                writer = [w for w in workers if w.environ().get("RANK") == "0"]
+                assert len(writer) == 1, [w.environ().get("RANK") for w in workers]
+                writer[0].send_signal(signal.SIGKILL)
                 killed_after = max(done)
         time.sleep(0.05)
     assert killed_after is not None and killed_after < STEPS, \
