@@ -146,9 +146,9 @@ def configure(c, environ: Mapping[str, str] | None = None) -> HubEnv | None:
 def check_settings(settings: Mapping[str, object]) -> None:
     """The standalone floor (``lab_guard.check_settings``) less what the hub does instead.
 
-    * authentication: the identity provider must be JupyterHub's (checked here, by class name),
-      not a token; ``settings["token"]`` is then the hub's API token, which lab_guard's length
-      rule accepts (the hub makes 32+ character tokens).
+    * authentication: the identity provider must be JupyterHub's (checked here, by class name);
+      the standalone token and identity-provider rules do not apply (the hub's API token is 32
+      hex characters chosen by the hub, not a token a user types).
     * XSRF: checked per request by the hub's code instead of tornado's (see below).
     * the Host check: jupyterhub-singleuser turns it off (``allow_remote_access=True``)
       because the hub's proxy forwards the browser's Host header (the hub's public name,
@@ -167,10 +167,27 @@ def check_settings(settings: Mapping[str, object]) -> None:
             "`jupyter labhub`; unset JUPYTERHUB_SINGLEUSER_EXTENSION=0 and JUPYTERHUB_SINGLEUSER_APP, "
             "which select the older app.",
         )
+    lab_guard.check_settings({**settings, **_HUB_DOES_THIS})
+
+
+# The standalone guard's settings that describe what the hub does instead, set to values the
+# floor accepts, so that lab_guard.check_settings applies everything else unchanged:
+_HUB_DOES_THIS = {
+    # Authentication is the hub's OAuth (checked above), not a workbench token or password:
+    # the hub's API token (32 hex characters) is the hub's secret, not one a user types.
+    "token": "",
+    "hashed_password": "authenticated by JupyterHub",
+    "auth_enabled": True,
+    "identity_provider_ok": True,
+    "auth_handlers": None,
+    # The Host check (see the docstring).
+    "allow_remote_access": False,
+    "local_hostnames": None,
     # XSRF: jupyterhub-singleuser turns tornado's early check off (xsrf_cookies=False) and
     # checks each cookie-authenticated request itself (HubOAuth._patch_xsrf); turning XSRF
     # off (disable_check_xsrf) is still refused by the floor.
-    lab_guard.check_settings({**settings, "allow_remote_access": False, "xsrf_cookies": True})
+    "xsrf_cookies": True,
+}
 
 
 def effective_settings(serverapp) -> dict[str, object]:
