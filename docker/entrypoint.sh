@@ -73,6 +73,19 @@ run() {
     exec "$@"
 }
 
+# --- JupyterHub single-user mode (workbench/hub_singleuser.py) -------------------------------
+# Spawned by a hub (its spawner sets JUPYTERHUB_API_TOKEN, JUPYTERHUB_SERVICE_URL, ...) with no
+# command, server options, or KubeSpawner's default `jupyterhub-singleuser`: seed the notebooks
+# into the user's workspace and exec the hub-authenticated server. The module refuses a
+# half-configured mix (some hub variables, or hub variables plus a JUPYTER_TOKEN).
+hub_vars="${JUPYTERHUB_API_TOKEN:-}${JUPYTERHUB_API_URL:-}${JUPYTERHUB_CLIENT_ID:-}${JUPYTERHUB_SERVICE_URL:-}${JUPYTERHUB_SERVICE_PREFIX:-}${JUPYTERHUB_USER:-}"
+if [ -n "$hub_vars" ] && { [ "$#" = 0 ] || [ "${1#-}" != "$1" ] || [ "$(basename "$1")" = jupyterhub-singleuser ]; }; then
+    prepare_dirs
+    seed_notebooks
+    run "$WORKBENCH_PYTHON" -m workbench.hub_singleuser "$@"
+    exit 0  # reached only with WORKBENCH_DRY_RUN=1
+fi
+
 if [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then
     prepare_dirs
     run "$@"

@@ -99,3 +99,12 @@ with lab_guard.refuse_to_start_on_error():
     # Extensions come from the pinned environment (environment/), not from pip in the browser;
     # it also keeps the extension manager's past allow-list bypasses out of reach.
     c.LabApp.extension_manager = "readonly"
+
+# --- JupyterHub single-user mode (workbench/hub_singleuser.py) ------------------------------
+# Spawned by a hub (its variables are in the environment), the hub's OAuth authenticates users:
+# hub_singleuser swaps the token guard for its own (the same floor less the token and Host
+# rules, which are the hub's job) and refuses a half-configured mix. Standalone: no change.
+from workbench import hub_singleuser  # noqa: E402
+
+with lab_guard.refuse_to_start_on_error():
+    hub_singleuser.configure(c)

@@ -1,0 +1,172 @@
+"""Standalone or spawned by JupyterHub: workbench.hub_singleuser and the entrypoint's hub branch.
+
+tests/test_hub.py runs the whole thing under a real hub; these are the decisions and the
+refusals, each in well under a second (the entrypoint ones run bash and Python).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from traitlets.config import Config
+
+from workbench import hub_singleuser
+from workbench.errors import LabConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
+
+# What a hub's spawner puts in the environment (jupyterhub Spawner.get_env), values made up.
+HUB_ENV = {
+    "JUPYTERHUB_API_TOKEN": "0123456789abcdef0123456789abcdef",
+    "JUPYTERHUB_API_URL": "http://hub:8081/hub/api",
+    "JUPYTERHUB_CLIENT_ID": "jupyterhub-user-alice",
+    "JUPYTERHUB_OAUTH_CALLBACK_URL": "/user/alice/oauth_callback",
+    "JUPYTERHUB_SERVICE_PREFIX": "/user/alice/",
+    "JUPYTERHUB_SERVICE_URL": "http://0.0.0.0:8888/user/alice/",
+    "JUPYTERHUB_USER": "alice",
+    "JUPYTERHUB_BASE_URL": "/",
+    "JUPYTERHUB_HOST": "",
+}
+
+
+def test_standalone_when_no_hub_variable_is_set():
+    assert hub_singleuser.detect({"JUPYTER_TOKEN": "x" * 40, "JUPYTERHUB_SINGLEUSER_APP": ""}) is None
+
+
+def test_spawned_when_the_hub_set_everything():
+    hub = hub_singleuser.detect(HUB_ENV)
+    assert hub == hub_singleuser.HubEnv(user="alice", service_prefix="/user/alice/",
+                                        service_url="http://0.0.0.0:8888/user/alice/",
+                                        api_url="http://hub:8081/hub/api")
+
+
+def test_half_configured_is_refused_naming_what_is_missing():
+    env = {k: v for k, v in HUB_ENV.items() if k not in ("JUPYTERHUB_CLIENT_ID", "JUPYTERHUB_SERVICE_URL")}
+    with pytest.raises(LabConfigError) as info:
+        hub_singleuser.detect(env)
+    message = str(info.value)
+    assert "JUPYTERHUB_CLIENT_ID, JUPYTERHUB_SERVICE_URL" in message
+    assert "Fix:" in message and "unset" in message
+
+
+@pytest.mark.parametrize("name", ["JUPYTER_TOKEN", "JUPYTER_TOKEN_FILE", "WORKBENCH_PASSWORD_HASH"])
+def test_a_standalone_credential_under_the_hub_is_refused(name):
+    with pytest.raises(LabConfigError, match=f"{name} is set too.*Fix: remove {name}"):
+        hub_singleuser.detect({**HUB_ENV, name: "y" * 40})
+
+
+def test_command_is_jupyterhub_singleuser_with_the_workbench_configuration(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    env = {**HUB_ENV, "WORKBENCH_SERVER_CONFIG": "/etc/jupyter/jupyter_server_config.py",
+           "WORKBENCH_NOTEBOOK_DIR": "/workspace"}
+    cmd = hub_singleuser.singleuser_command(["jupyterhub-singleuser", "--debug"], env, python="python3")
+    assert cmd == ["python3", "-m", "jupyterhub.singleuser", "--config=/etc/jupyter/jupyter_server_config.py",
+                   "--ServerApp.root_dir=/workspace", "--debug"]
+    # The hub's Spawner.notebook_dir (JUPYTERHUB_ROOT_DIR) wins over the workspace default.
+    cmd = hub_singleuser.singleuser_command([], {**env, "JUPYTERHUB_ROOT_DIR": "/home/alice"}, python="python3")
+    assert not any(a.startswith("--ServerApp.root_dir") for a in cmd)
+
+
+def test_root_needs_the_explicit_allow(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert "--allow-root" not in hub_singleuser.singleuser_command([], HUB_ENV)
+    assert "--allow-root" in hub_singleuser.singleuser_command([], {**HUB_ENV, "WORKBENCH_ALLOW_ROOT": "1"})
+
+
+def test_a_program_instead_of_server_options_is_refused():
+    with pytest.raises(LabConfigError, match="unexpected arguments.*bash"):
+        hub_singleuser.singleuser_command(["bash"], HUB_ENV)
+
+
+def test_configure_changes_nothing_standalone_and_swaps_the_guard_under_the_hub():
+    c = Config()
+    assert hub_singleuser.configure(c, {}) is None
+    assert "jpserver_extensions" not in c.ServerApp
+    assert hub_singleuser.configure(c, HUB_ENV).user == "alice"
+    assert c.ServerApp.jpserver_extensions == {"workbench.lab_guard": False, "workbench.hub_singleuser": True}
+    assert c.IdentityProvider.token == ""
+
+
+SAFE = {"token": "0123456789abcdef0123456789abcdef", "hashed_password": "", "auth_enabled": True,
+        "disable_check_xsrf": False, "xsrf_cookies": False, "allow_origin": "", "allow_origin_pat": "",
+        "allow_remote_access": True, "nbconvert_csp_sandbox": True, "euid": 1000,
+        "identity_provider": "JupyterHubIdentityProvider"}
+
+
+def test_the_settings_jupyterhub_singleuser_makes_are_accepted():
+    # allow_remote_access=True and xsrf_cookies=False are what the hub's extension sets.
+    hub_singleuser.check_settings(SAFE)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"identity_provider": "IdentityProvider"}, "not with the hub's identity provider"),
+    ({"identity_provider": "LegacyIdentityProvider"}, "jupyter labhub"),
+    ({"disable_check_xsrf": True}, "XSRF protection is disabled"),
+    ({"allow_origin": "*"}, "allow_origin='\\*'"),
+    ({"allow_origin_pat": ".*"}, "allow_origin_pat"),
+    ({"nbconvert_csp_sandbox": False}, "nbconvert_csp_sandbox"),
+    ({"euid": 0}, "root"),
+])
+def test_the_rest_of_the_floor_still_applies(change, words, monkeypatch):
+    monkeypatch.delenv("WORKBENCH_ALLOW_ROOT", raising=False)
+    with pytest.raises(LabConfigError, match=words):
+        hub_singleuser.check_settings({**SAFE, **change})
+
+
+# --- the entrypoint's hub branch and `python -m workbench.hub_singleuser` --------------------
+def run_entrypoint(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    shipped = tmp_path / "shipped"
+    shipped.mkdir(exist_ok=True)
+    (shipped / "01_quickstart.ipynb").write_text("shipped 01")
+    base = {"PATH": os.environ["PATH"], "WORKBENCH_PYTHON": sys.executable,
+            "WORKBENCH_NOTEBOOK_DIR": str(tmp_path / "workspace"), "WORKBENCH_NOTEBOOKS_SOURCE": str(shipped),
+            "WORKBENCH_SERVER_CONFIG": "/etc/jupyter/jupyter_server_config.py"}
+    return subprocess.run(["bash", str(ENTRYPOINT), *args], env={**base, **env}, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_entrypoint_seeds_the_workspace_and_runs_the_hub_server(tmp_path):
+    done = run_entrypoint(tmp_path, **HUB_ENV, WORKBENCH_DRY_RUN="1")
+    assert done.returncode == 0, done.stderr
+    assert f"running: {sys.executable} -m workbench.hub_singleuser" in done.stderr
+    assert (tmp_path / "workspace" / "notebooks" / "01_quickstart.ipynb").read_text() == "shipped 01"
+    assert "jupyterlab" not in done.stderr  # not the standalone server
+
+
+def test_entrypoint_accepts_kubespawners_default_command(tmp_path):
+    done = run_entrypoint(tmp_path, "jupyterhub-singleuser", "--debug", **HUB_ENV, WORKBENCH_DRY_RUN="1")
+    assert done.returncode == 0, done.stderr
+    assert "-m workbench.hub_singleuser jupyterhub-singleuser --debug" in done.stderr
+
+
+def test_entrypoint_still_runs_other_commands_under_the_hub(tmp_path):
+    done = run_entrypoint(tmp_path, "echo", "hello", **HUB_ENV)
+    assert done.returncode == 0 and done.stdout == "hello\n"
+
+
+def test_entrypoint_refuses_a_half_configured_hub_with_the_fix(tmp_path):
+    env = {k: v for k, v in HUB_ENV.items() if k != "JUPYTERHUB_API_TOKEN"}
+    done = run_entrypoint(tmp_path, **env)  # no dry run: the module really checks and refuses
+    assert done.returncode == 2
+    assert "refuses to start" in done.stderr and "JUPYTERHUB_API_TOKEN" in done.stderr and "Fix:" in done.stderr
+
+
+def test_module_prints_and_would_exec_jupyterhub_singleuser(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "WORKBENCH_"))},
+           **HUB_ENV, "WORKBENCH_DRY_RUN": "1", "WORKBENCH_NOTEBOOK_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "workbench.hub_singleuser", "jupyterhub-singleuser"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"-m jupyterhub.singleuser --ServerApp.root_dir={tmp_path}" in done.stderr
+
+
+def test_module_refuses_to_run_without_a_hub(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+    done = subprocess.run([sys.executable, "-m", "workbench.hub_singleuser"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "workbench lab" in done.stderr
