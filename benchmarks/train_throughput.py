@@ -378,7 +378,7 @@ def run_workbench(args, train_rows, eval_rows, workdir: Path, partner: PlainLoop
             if partner is not None and not partner.done:
                 partner_s[0] += partner.step()
 
-    events.EventLog = CpuTimedEventLog  # fit looks the class up when it starts
+    engine.EventLog = CpuTimedEventLog  # the engine's name for the log class, looked up at each fit
     if step_fn is not None:
         engine._step_with_oom_retry = timed_step
     try:
@@ -390,7 +390,7 @@ def run_workbench(args, train_rows, eval_rows, workdir: Path, partner: PlainLoop
             **overrides,
         )
     finally:
-        events.EventLog = CpuTimedEventLog.__base__
+        engine.EventLog = CpuTimedEventLog.__base__
         if step_fn is not None:
             engine._step_with_oom_retry = step_fn
     total_s = time.perf_counter() - t0

@@ -200,6 +200,10 @@ def test_random_tokens_pass_and_are_stripped():
     for _ in range(200):  # what the documented commands make always passes
         lab_guard.resolve_token({"JUPYTER_TOKEN": secrets.token_urlsafe(32)})
         lab_guard.resolve_token({"JUPYTER_TOKEN": secrets.token_hex(32)})
+        # 128 random bits as hex (`openssl rand -hex 16`, JupyterHub's API tokens): ~14 of the
+        # 16 digits show, which a length x log2(distinct) estimate would call 118 bits.
+        lab_guard.resolve_token({"JUPYTER_TOKEN": secrets.token_hex(16)})
+        lab_guard.resolve_token({"JUPYTER_TOKEN": secrets.token_hex(16).upper()})
     assert lab_guard.resolve_token({"JUPYTER_TOKEN": f"  {GOOD_TOKEN}\n"}).token == GOOD_TOKEN
 
 

@@ -36,6 +36,7 @@ import os
 import re
 import secrets
 import stat
+import string
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -45,10 +46,12 @@ from workbench.errors import LabConfigError
 
 # secrets.token_urlsafe(32) gives 43 characters (256 bits). Shorter tokens are refused:
 # they get guessed or reused. Length alone is not enough (32 x "a" is 32 characters), so
-# a token must also use 16+ different characters, or carry an estimated 128 bits:
-# length x log2(distinct characters), an upper bound of what it can hold. A random
-# 64-character hex token passes (256); a 32-character hex one (128 at most) passes only
-# when all 16 hex digits occur, so the message points at the two commands that always pass.
+# a token must also use 16+ different characters, or carry an estimated 128 bits. The
+# estimate is length x log2(alphabet), the smallest usual alphabet the token is written in
+# (hex 16, letters and digits 62, URL-safe 64, printable 94), once it uses 10+ different
+# characters: a random 32-character hex token (`openssl rand -hex 16`, JupyterHub's API
+# tokens) shows only ~14 of the 16 digits, yet holds 128 bits. With fewer than 10 different
+# characters the estimate is length x log2(distinct), so 32 x "a" holds 0.
 MIN_TOKEN_LENGTH = 32
 MIN_TOKEN_BITS = 128
 MIN_TOKEN_DISTINCT = 16
@@ -102,10 +105,22 @@ class TokenChoice:
     hashed_password: str = ""
 
 
+_ALPHABETS = (
+    (frozenset("0123456789abcdef"), 16), (frozenset("0123456789ABCDEF"), 16),
+    (frozenset(string.ascii_letters + string.digits), 62),
+    (frozenset(string.ascii_letters + string.digits + "-_"), 64),
+)
+_MIN_DISTINCT_FOR_ALPHABET = 10
+
+
 def token_strength(token: str) -> tuple[float, int]:
-    """(estimated bits, distinct characters) of a token: length x log2(distinct characters)."""
-    distinct = len(set(token))
-    return (len(token) * math.log2(distinct) if distinct > 1 else 0.0), distinct
+    """(estimated bits, distinct characters) of a token (see MIN_TOKEN_BITS)."""
+    used = set(token)
+    distinct = len(used)
+    if distinct < _MIN_DISTINCT_FOR_ALPHABET:
+        return (len(token) * math.log2(distinct) if distinct > 1 else 0.0), distinct
+    alphabet = next((size for chars, size in _ALPHABETS if used <= chars), 94)
+    return len(token) * math.log2(alphabet), distinct
 
 
 def token_problem(token: str) -> str | None:
@@ -689,9 +704,15 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 def _load_jupyter_server_extension(serverapp) -> None:
     """Check the effective settings once every config source has been applied."""
+    from workbench import hub_singleuser
+
     try:
         check_versions()
-        check_settings(effective_settings(serverapp))
+        if hub_singleuser.detect() is not None:
+            # Spawned by JupyterHub: the hub's OAuth authenticates; the rest of the floor applies.
+            hub_singleuser.check_settings(hub_singleuser.effective_settings(serverapp))
+        else:
+            check_settings(effective_settings(serverapp))
     except LabConfigError as exc:
         raise refuse(exc) from None
     serverapp._workbench_guard_ran = True
