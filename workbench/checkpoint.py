@@ -396,6 +396,12 @@ def list_checkpoints(output_dir: str | os.PathLike, *, warn: bool = False) -> li
     return [p for _, p in sorted(found)]
 
 
+def step_of(path: Path | None) -> int:
+    """The step a checkpoint folder holds (0 for None: a fresh start)."""
+    match = _STEP_DIR.match(Path(path).name) if path is not None else None
+    return int(match.group(1)) if match else 0
+
+
 def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     found = list_checkpoints(output_dir, warn=True)
     return found[-1] if found else None

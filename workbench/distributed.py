@@ -57,6 +57,15 @@ def any_process(accelerator, flag: bool) -> bool:
     return bool(accelerator.reduce(value, "max").item())
 
 
+def differs_across_processes(accelerator, value: int) -> bool:
+    """True on every process when ``value`` is not the same on all of them (a collective)."""
+    if accelerator.num_processes == 1:
+        return False
+    both = torch.tensor([float(value), -float(value)], device=accelerator.device)
+    highest, minus_lowest = accelerator.reduce(both, "max").tolist()
+    return highest != -minus_lowest
+
+
 def check_can_fork() -> None:
     """A notebook launcher forks the kernel, which an initialised CUDA does not survive."""
     if torch.cuda.is_initialized():

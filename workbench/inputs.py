@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,10 @@ def resolve_data(data, text_columns, label_column):
 def check_output_dir(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        # A unique name: processes on other nodes may have the same PID in the same folder.
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise ConfigError("output_dir", str(path), "a writable folder",
                           fix=f"choose another output_dir ({exc.strerror or exc}).") from None

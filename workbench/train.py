@@ -5,10 +5,9 @@ folder) -> build the run (task, Accelerator, model, batches, optimizer, schedule
 resume) -> the loop -> finish (final model, ``end`` event). What depends on the
 task (classification; causal LM next) comes from a ``workbench.tasks`` object;
 precision, checkpoints, out-of-memory handling, distribution and signals are each
-a module beside this one. Progress is shown by listeners on the event log
-(``listeners=``): this module never imports a notebook front end, so it runs the
-same under torchrun, papermill and CI. Notebooks call ``workbench.fit``
-(``workbench.frontend``), which attaches the view for where it runs.
+a module beside this one. Views are listeners on the event log (``listeners=``): no
+notebook front end is imported here, so it runs the same under torchrun, papermill and
+CI; ``workbench.fit`` (``workbench.frontend``) attaches the view for where it runs.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import torch
 
 from workbench import batching, checkpoint, distributed, inputs, model_checks, run_lock
 from workbench.config import ModelChoice, TrainConfig
-from workbench.errors import TrainingError
+from workbench.errors import CheckpointError, TrainingError
 from workbench.events import EventLog
 from workbench.memory import free_memory, with_halving
 from workbench.optim import make_optimizer, make_scheduler
@@ -128,6 +127,12 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
         for folder in (checkpoint.checkpoints_dir(run.output_dir), run.output_dir):
             messages += [(text, "warn") for text in checkpoint.remove_stale_temporaries(folder)]
     acc.wait_for_everyone()  # nobody saves into a folder that is being cleaned
+    # With an output_dir that is not one folder for all nodes, rank 0 would resume at step N, the rest at 0.
+    if distributed.differs_across_processes(acc, checkpoint.step_of(resume_from)):
+        raise CheckpointError(f"output_dir {run.output_dir} is not the same folder on every node: the "
+                              "processes found different checkpoints to resume from.",
+                              "put output_dir on a shared file system every node mounts (NFS, Lustre, a "
+                              "ReadWriteMany volume), the same path on each.")
     messages += _resume(run, resume_from) if resume_from is not None else []
     steps_per_epoch = math.ceil(run.batches_per_epoch / config.gradient_accumulation_steps)
     run.log.write("start", total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
@@ -405,7 +410,7 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: s
         notes.append((note, "warn"))
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    with accelerator.main_process_first():  # datasets' cache is written once
+    with accelerator.local_main_process_first():  # datasets' cache is written once per node
         train_ds, eval_ds = task.datasets(splits, tokenizer, config.max_length, model)
     collate = task.collator(tokenizer)
     sampler = batching.LengthGroupedBatchSampler(train_ds.lengths, config.batch_size, seed=config.seed,
