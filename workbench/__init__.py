@@ -17,6 +17,8 @@ _EXPORTS = {
     "DataError": "workbench.errors",
     "ModelError": "workbench.errors",
     "TrainingError": "workbench.errors",
+    "CheckpointError": "workbench.errors",
+    "OutputDirLockedError": "workbench.errors",
     "TrainConfig": "workbench.config",
     "ModelChoice": "workbench.config",
     "DatasetChoice": "workbench.config",
