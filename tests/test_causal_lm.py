@@ -253,3 +253,33 @@ def test_eval_metrics_are_token_weighted(tokenizer, tiny_model):
     metrics = task.metrics(outputs)
     assert abs(metrics["eval_loss"] - whole) < 1e-5
     assert metrics["eval_perplexity"] == pytest.approx(math.exp(whole), rel=1e-5)
+
+
+def test_generation_check_prompts_up_to_the_answer(tokenizer, tiny_model):
+    from workbench.tasks.causal_lm import prompt_and_reference
+
+    task, _ = _batch(tokenizer, n=4)
+    data = make_chat_dataset(4, 2)
+    train, evaluation = task.datasets(data, tokenizer, 512)
+    prompt, reference = prompt_and_reference(evaluation[0])
+    assert tokenizer.decode(prompt).endswith("<|im_start|>assistant\n")
+    assert tokenizer.decode(reference) == data["validation"][0]["messages"][1]["content"] + "<|im_end|>"
+    assert prompt_and_reference({"input_ids": [1, 2], "labels": [1, 2]}) == (None, [])
+
+    # A model that always answers with the reference gets 1.0; the random tiny model gets 0.
+    assert task.generation_check(tiny_model, tokenizer, evaluation, limit=2, max_new_tokens=4) == \
+        {"eval_exact_match": 0.0}
+
+    class Oracle(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def generate(self, input_ids, **kwargs):
+            for i in range(len(evaluation)):
+                p, r = prompt_and_reference(evaluation[i])
+                if p == input_ids[0].tolist():
+                    return torch.tensor([p + r])
+            raise AssertionError("prompt not from the eval split")
+
+    assert task.generation_check(Oracle(), tokenizer, evaluation, limit=2) == {"eval_exact_match": 1.0}

@@ -272,6 +272,16 @@ def encode_text(tokenizer, text: str, *, max_length: int, end_ids: set[int]) -> 
     return ids, list(ids)
 
 
+def prompt_and_reference(row: dict) -> tuple[list[int] | None, list[int]]:
+    """(tokens before the first supervised one, the supervised tokens of that first answer)."""
+    labels = row["labels"]
+    start = next((i for i, t in enumerate(labels) if t != IGNORE), None)
+    if not start:  # no answer, or everything supervised (text rows): nothing to prompt with
+        return None, []
+    end = next((i for i in range(start, len(labels)) if labels[i] == IGNORE), len(labels))
+    return list(row["input_ids"][:start]), list(labels[start:end])
+
+
 class CausalLMDataset(Dataset):
     """Unpadded token ids and labels as Python lists; ``lengths`` feeds the length-grouped sampler."""
 
@@ -550,6 +560,36 @@ class CausalLMTask:
         summed, counts = (torch.cat(parts).double() for parts in zip(*outputs, strict=True))
         loss = (summed.sum() / counts.sum().clamp(min=1)).item()
         return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0))}  # exp(50): overflow guard
+
+    def generation_check(self, model, tokenizer, dataset: CausalLMDataset, limit: int | None = None,
+                         max_new_tokens: int | None = None) -> dict[str, float]:
+        """``eval_exact_match``: greedy answers to the first ``limit`` eval prompts vs the references.
+
+        The prompt is each row up to its first supervised token (the role header
+        included, as at inference); the reference is the supervised text without
+        special tokens. Both are compared after stripping whitespace. One row at a
+        time: no left padding to get right, and ``limit`` keeps it cheap.
+        """
+        limit = self.settings.eval_generate if limit is None else limit
+        max_new_tokens = max_new_tokens or self.settings.eval_max_new_tokens
+        model = _unwrap(model)
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        hits = rows = 0
+        with torch.inference_mode():
+            for index in range(min(limit, len(dataset))):
+                prompt, reference = prompt_and_reference(dataset[index])
+                if prompt is None:
+                    continue
+                ids = torch.tensor([prompt], device=device)
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+                answer = tokenizer.decode(out[0, len(prompt):], skip_special_tokens=True)
+                hits += answer.strip() == tokenizer.decode(reference, skip_special_tokens=True).strip()
+                rows += 1
+        model.train(was_training)
+        return {"eval_exact_match": hits / rows if rows else float("nan")}
 
     # ---------------------------------------------------------------- saving
     def save_model(self, model, tokenizer, directory: str | os.PathLike,
