@@ -159,15 +159,16 @@ def run_trl(args, train_rows, eval_rows, path: Path, variant: str) -> dict:
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    extra = {}
+    extra = {"max_length": args.max_length}
     if variant == "c":
         extra["train_sampling_strategy"] = "group_by_length"
     if variant == "d":
-        extra["padding_free"] = True
+        # TRL refuses max_length with padding_free unless packing; the rows are shorter anyway.
+        extra.update(padding_free=True, max_length=None)
     config = SFTConfig(
         output_dir=str(Path(args.workdir) / f"trl-{variant}"), max_steps=args.steps,
         per_device_train_batch_size=args.batch_size, learning_rate=args.lr, lr_scheduler_type="constant",
-        weight_decay=0.0, max_grad_norm=1.0, max_length=args.max_length, completion_only_loss=True,
+        weight_decay=0.0, max_grad_norm=1.0, completion_only_loss=True,
         bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=not torch.cuda.is_available(),
         report_to="none", save_strategy="no", logging_steps=max(1, args.steps), seed=args.seed,
         dataloader_num_workers=0, **extra)
