@@ -19,6 +19,8 @@ gradient clipping at 1.0), fp32 on CPU, loss on the answer tokens only:
   (c) trl-grouped  (b) with ``train_sampling_strategy="group_by_length"`` (transformers 5's
                    name for ``group_by_length``).
   (d) trl-pfree    (b) with ``padding_free=True`` (one flattened row with position ids).
+  (s) wb-fullhead  (a) with the standard ``model(**batch).loss`` (LM head at every position):
+                   what computing logits only where loss is taken buys (``--only as``).
 
 Reported per variant: real (non-pad) tokens per second of training (clock around the
 loop / ``trainer.train()``; loading and tokenization excluded), the padding share of
@@ -53,7 +55,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "llm_lora.json"
-VARIANTS = {"a": "workbench", "b": "trl", "c": "trl-grouped", "d": "trl-pfree"}
+VARIANTS = {"a": "workbench", "b": "trl", "c": "trl-grouped", "d": "trl-pfree", "s": "wb-fullhead"}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -134,7 +136,7 @@ def run_workbench(args, train_rows, eval_rows, path: Path) -> dict:
                 batch = collate([train[i] for i in indices])
                 real += int(batch["attention_mask"].sum())
                 total += batch["attention_mask"].numel()
-                loss = task.loss(model, batch)
+                loss = model(**batch).loss if args.variant == "s" else task.loss(model, batch)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 optimizer.step()
@@ -205,7 +207,7 @@ def child(args) -> int:
     train_rows = make_chat_rows(args.rows, seed=args.seed)
     eval_rows = make_chat_rows(args.eval_rows, seed=args.seed + 1)
     variant = args.variant
-    result = run_workbench(args, train_rows, eval_rows, path) if variant == "a" else \
+    result = run_workbench(args, train_rows, eval_rows, path) if variant in "as" else \
         run_trl(args, train_rows, eval_rows, path, variant)
     result.update(variant=variant, name=VARIANTS[variant],
                   peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -240,7 +242,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", default="abcd", help="variants to run (default abcd)")
+    parser.add_argument("--only", default="abcd", help="variants to run (default abcd; s: (a) with the full-head loss)")
     parser.add_argument("--quick", action="store_true", help="2 steps of batch 4, 8 eval rows: a smoke run")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # internal: run one variant in this process
     parser.add_argument("--workdir", default="/tmp/workbench-llm-bench", help=argparse.SUPPRESS)
