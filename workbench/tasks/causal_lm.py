@@ -15,11 +15,11 @@ up to and including the end-of-turn token (so the model learns to stop); the
 prompt, the system message, the template's role markers, what follows the
 end-of-turn token and the padding are -100. Which characters belong to an
 assistant turn is found by rendering the conversation up to each assistant
-message with and without it, and the characters are mapped onto tokens with the
-tokenizer's offsets, so the masking holds for any template that renders each turn
-as a prefix of the next; the text is cut at those boundaries and the pieces tokenized
-apart, so the prompt's tokens are those the model sees at inference. An EOS is
-appended where the template puts none.
+message with and without it, which holds for any template that renders each turn
+as a prefix of the next. The text is cut at those boundaries and the pieces are
+tokenized apart, so the prompt's tokens are those the model sees at inference
+(no token merges the role header with the answer). An EOS is appended where the
+template puts none.
 ``loss_on="all"`` trains on every non-padding token.
 
 **Batches.** Rows are tokenized once, unpadded; batches are padded to their own
