@@ -47,3 +47,7 @@ def sentiment_data():
     from workbench.synthetic import make_dataset
 
     return make_dataset()
+
+
+# Causal-LM fixtures (smollm2_dir, tiny_llama_dir) live in their own module.
+from llm_fixtures import smollm2_dir, tiny_llama_dir  # noqa: E402, F401

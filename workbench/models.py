@@ -556,3 +556,267 @@ def check_fit(info: ModelInfo, *, batch_size: int, seq_len: int, precision: str 
                     " more memory (or distributed='fsdp' over several GPUs).")
     return FitCheck(est, free_bytes, gpu_name, False, alternatives, message)
 
+
+
+# ---------------------------------------------------------------- causal LMs
+#
+# A causal LM (LLaMA-class decoder) fine-tuned in one of three ways. What one GPU holds:
+#
+#   full    base 4 P (fp32 master) + grads 4 P + AdamW 8 P (+ 2 P 16-bit copies under autocast)
+#   lora    base 2 P at 16-bit (4 P at fp32) frozen; adapters A in fp32: 4 A + grads 4 A + AdamW 8 A
+#   qlora   linear layers of the decoder at 4-bit NF4 with double quantization
+#           (4 + 8/64 + 32/(64*256) = 4.127 bits per weight), embeddings, norms and head at
+#           16-bit; the same adapters
+#
+# A (adapter parameters) = r * (in + out) summed over the adapted linear layers, counted on a
+# model built on the meta device (exact for any architecture; targets as workbench.lora picks).
+#
+# Activations of one decoder layer (LLaMA: RMSNorm, rotary attention with grouped KV heads,
+# SwiGLU MLP; no dropout), d bytes per element (2 under 16-bit compute, 4 at fp32),
+# s tokens, b rows, h hidden, i intermediate, g = kv_heads / heads:
+#
+#   layer = s*b*d*(h*(6 + 3 g) + 4 i)   X, norm(X), Q, rotated Q, K, V, rotated K (g each),
+#                                        attention output, norm(X2) (h each); gate, up,
+#                                        act(gate), act(gate)*up (i each)
+#         + a*s*b*4                      fused attention (SDPA): fp32 log-sum-exp; eager: a*s^2*b*2d
+#   LoRA dropout > 0 keeps a dropped copy of each adapted input: s*b*d*(5 h + i) more per layer.
+#
+# Gradient checkpointing keeps each layer's input (s*b*h*d) plus one layer being recomputed.
+# The LM head: logits (d) plus their fp32 upcast and log-softmax (4 + 4) at every position
+# that carries loss: s*b*V*(d + 8)*share, share = 1 for a loss on every position (what
+# model(**batch).loss computes), the supervised share with workbench's causal-LM loss.
+
+FINETUNE_MODES = ("full", "lora", "qlora")
+NF4_BYTES_PER_WEIGHT = (4 + 8 / 64 + 32 / (64 * 256)) / 8  # NF4 + double-quantized absmax
+
+
+@dataclass(frozen=True)
+class CausalFacts:
+    """What the picker shows for a causal LM, read from its config (and tokenizer files)."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    context_length: int | None
+    tied_embeddings: bool
+    chat_template: bool | None  # None: could not tell (no local tokenizer files)
+
+    def summary(self) -> str:
+        template = {True: "chat template", False: "no chat template", None: "chat template unknown"}
+        return (f"{self.num_layers} layers, hidden {self.hidden_size}, {self.num_heads} heads / "
+                f"{self.num_kv_heads} KV heads, context {self.context_length}, vocabulary "
+                f"{self.vocab_size}, {'tied' if self.tied_embeddings else 'separate'} embeddings, "
+                f"{template[self.chat_template]}")
+
+
+def has_chat_template(name_or_path: str) -> bool | None:
+    """True/False from the tokenizer files of a folder or the local hub cache; None when absent."""
+    path = Path(str(name_or_path)).expanduser()
+    if path.is_dir():
+        files = {"chat_template.jinja": path / "chat_template.jinja",
+                 "tokenizer_config.json": path / "tokenizer_config.json"}
+    else:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            files = {}
+            for name in ("chat_template.jinja", "tokenizer_config.json"):
+                found = try_to_load_from_cache(str(name_or_path), name)
+                if isinstance(found, str):
+                    files[name] = Path(found)
+        except Exception:  # no cache, odd repo id: we cannot tell
+            return None
+    if files.get("chat_template.jinja") is not None and files["chat_template.jinja"].is_file():
+        return True
+    config_file = files.get("tokenizer_config.json")
+    if config_file is None or not config_file.is_file():
+        return None
+    try:
+        return bool(json.loads(config_file.read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError):
+        return None
+
+
+def causal_facts(config, name_or_path: str | None = None) -> CausalFacts:
+    """Layers, heads, KV heads, context, tied embeddings (and chat template when ``name_or_path``)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = _config_value(text, "hidden_size", "d_model", "n_embd")
+    heads = _config_value(text, "num_attention_heads", "n_head")
+    if not (hidden and heads):
+        raise ModelError(f"{getattr(config, 'model_type', 'this model')}: the config gives no hidden size "
+                         "or head count.", "check that it is a decoder (causal LM) config.")
+    return CausalFacts(
+        num_layers=_config_value(text, "num_hidden_layers", "n_layer", "num_layers") or 0,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=_config_value(text, "num_key_value_heads", "num_kv_heads") or heads,
+        head_dim=_config_value(text, "head_dim") or hidden // heads,
+        intermediate_size=_config_value(text, "intermediate_size", "n_inner", "ffn_dim") or 4 * hidden,
+        vocab_size=_config_value(text, "vocab_size") or 0,
+        context_length=_config_value(text, "max_position_embeddings", "n_positions", "max_seq_len"),
+        tied_embeddings=bool(getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False))),
+        chat_template=has_chat_template(name_or_path) if name_or_path else None,
+    )
+
+
+@dataclass(frozen=True)
+class ParameterSplit:
+    """Parameter counts of a causal LM, from a meta-device build."""
+
+    total: int
+    decoder_linear: int  # weights of the linear layers LoRA adapts and QLoRA quantizes
+    adapter: int  # LoRA parameters for the given rank and targets
+
+
+def causal_parameters(config, lora_r: int = 16, targets: list[str] | None = None) -> ParameterSplit:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from workbench.lora import linear_target_names
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as e:
+        raise ModelError(f"cannot build a causal LM from this {config.model_type} config: {_first_line(e)}",
+                         "check that the model is a causal (decoder) LM transformers supports.") from None
+    targets = targets or linear_target_names(model)
+    head = model.get_output_embeddings()
+    linear = adapter = 0
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if module is head or weight is None or weight.dim() != 2 or not hasattr(module, "in_features"):
+            continue
+        linear += weight.numel()
+        if name.rsplit(".", 1)[-1] in targets:
+            adapter += lora_r * (module.in_features + module.out_features)
+    return ParameterSplit(total=sum(p.numel() for p in model.parameters()), decoder_linear=linear,
+                          adapter=adapter)
+
+
+@dataclass(frozen=True)
+class CausalVramEstimate:
+    """Bytes one GPU needs to fine-tune a causal LM, by component (formulas above)."""
+
+    finetune: str  # full | lora | qlora
+    precision: str  # fp32 | fp16 | bf16 (compute)
+    batch_size: int
+    seq_len: int
+    gradient_checkpointing: bool
+    base_weights_bytes: int  # fp32 master (full), 16/32-bit frozen (lora), 4-bit + 16-bit rest (qlora)
+    trainable_parameters: int
+    trainable_weights_bytes: int  # adapters (lora/qlora); 0 for full (they are the base weights)
+    gradients_bytes: int
+    optimizer_bytes: int
+    autocast_copy_bytes: int
+    activations_bytes: int
+    logits_bytes: int
+    overhead_bytes: int
+
+    @property
+    def allocated_bytes(self) -> int:
+        return (self.base_weights_bytes + self.trainable_weights_bytes + self.gradients_bytes
+                + self.optimizer_bytes + self.autocast_copy_bytes + self.activations_bytes + self.logits_bytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.allocated_bytes + self.overhead_bytes
+
+    def describe(self) -> str:
+        gib = lambda n: f"{n / GiB:.2f} GiB"  # noqa: E731
+        return (f"{gib(self.total_bytes)} for {self.finetune} at {self.precision}, batch {self.batch_size} x "
+                f"{self.seq_len} tokens{', gradient checkpointing' if self.gradient_checkpointing else ''} "
+                f"(weights {gib(self.base_weights_bytes + self.trainable_weights_bytes)}, gradients "
+                f"{gib(self.gradients_bytes)}, AdamW {gib(self.optimizer_bytes)}, activations "
+                f"{gib(self.activations_bytes)}, logits {gib(self.logits_bytes)}, CUDA context and "
+                f"slack {gib(self.overhead_bytes)}; {self.trainable_parameters:,} trainable parameters)")
+
+
+def causal_activation_bytes(facts: CausalFacts, *, batch_size: int, seq_len: int, precision: str,
+                            gradient_checkpointing: bool = False, attention: str = "sdpa",
+                            lora_dropout: bool = False) -> int:
+    """Activations saved for backward by the decoder layers (formula above), without the LM head."""
+    s, b, h, i, a = seq_len, batch_size, facts.hidden_size, facts.intermediate_size, facts.num_heads
+    d = 4 if precision == "fp32" else 2
+    g = facts.num_kv_heads / facts.num_heads
+    layer = s * b * d * (h * (6 + 3 * g) + 4 * i)
+    layer += a * s * s * b * 2 * d if attention == "eager" else a * s * b * 4
+    if lora_dropout:
+        layer += s * b * d * (5 * h + i)
+    embeddings = s * b * h * d
+    if gradient_checkpointing:
+        return int(facts.num_layers * s * b * h * d + layer + embeddings)
+    return int(facts.num_layers * layer + embeddings)
+
+
+def estimate_causal_vram(model, *, finetune: str = "lora", batch_size: int = 8, seq_len: int = 512,
+                         precision: str = "bf16", gradient_checkpointing: bool = False,
+                         lora_r: int = 16, lora_targets: list[str] | None = None,
+                         lora_dropout: float = 0.05, loss_share: float = 1.0,
+                         attention: str = "sdpa", include_overhead: bool = True) -> CausalVramEstimate:
+    """Estimate GPU memory for fine-tuning a causal LM: ``model`` is a name/path, ModelInfo or config.
+
+    ``loss_share``: the share of positions whose logits are computed (1 for the
+    standard loss; the supervised share for workbench's causal-LM task).
+    """
+    from transformers import AutoConfig
+
+    if finetune not in FINETUNE_MODES:
+        raise ModelError(f"finetune {finetune!r} is not one of {', '.join(FINETUNE_MODES)}.", "choose one.")
+    if precision not in ("fp32", "fp16", "bf16"):
+        raise ModelError(f"precision {precision!r} is not one of fp32, fp16, bf16.", "choose one of them.")
+    if finetune == "qlora" and precision == "fp32":
+        raise ModelError("QLoRA computes in 16-bit; precision='fp32' does not apply.", "use bf16 or fp16.")
+    if isinstance(model, str):
+        config, _ = load_config(model)
+    elif isinstance(model, ModelInfo):
+        config = AutoConfig.for_model(**model.config)
+    else:
+        config = model
+    facts = causal_facts(config)
+    if facts.context_length and seq_len > facts.context_length:
+        raise ModelError(f"seq_len {seq_len} is longer than the model's context of {facts.context_length}.",
+                         f"use max_length <= {facts.context_length}.")
+    split = causal_parameters(config, lora_r, lora_targets)
+    p, half = split.total, 2
+    if finetune == "full":
+        trainable = p
+        base = 4 * p
+        adapters = 0
+        autocast = 0 if precision == "fp32" else half * p
+    else:
+        trainable = split.adapter
+        adapters = 4 * trainable
+        autocast = 0
+        if finetune == "lora":
+            base = (4 if precision == "fp32" else half) * p
+        else:
+            base = int(NF4_BYTES_PER_WEIGHT * split.decoder_linear) + half * (p - split.decoder_linear)
+    d = 4 if precision == "fp32" else 2
+    allocated = dict(
+        base_weights_bytes=int(base), trainable_parameters=trainable, trainable_weights_bytes=adapters,
+        gradients_bytes=4 * trainable, optimizer_bytes=8 * trainable, autocast_copy_bytes=autocast,
+        activations_bytes=causal_activation_bytes(
+            facts, batch_size=batch_size, seq_len=seq_len, precision=precision,
+            gradient_checkpointing=gradient_checkpointing, attention=attention,
+            lora_dropout=finetune != "full" and lora_dropout > 0),
+        logits_bytes=int(seq_len * batch_size * facts.vocab_size * (d + 8) * loss_share),
+    )
+    summed = sum(v for k, v in allocated.items() if k != "trainable_parameters")
+    overhead = int(CUDA_CONTEXT_BYTES + FRAGMENTATION * summed) if include_overhead else 0
+    return CausalVramEstimate(finetune=finetune, precision=precision, batch_size=batch_size, seq_len=seq_len,
+                              gradient_checkpointing=gradient_checkpointing, overhead_bytes=overhead,
+                              **allocated)
+
+
+def compare_finetune_modes(model, **settings) -> dict[str, CausalVramEstimate]:
+    """The same run priced as full, LoRA and QLoRA (what the picker shows side by side)."""
+    precision = settings.pop("precision", "bf16")
+    return {mode: estimate_causal_vram(model, finetune=mode,
+                                       precision="bf16" if mode == "qlora" and precision == "fp32" else precision,
+                                       **settings)
+            for mode in FINETUNE_MODES}

@@ -1,0 +1,55 @@
+"""Offline chat data for tests, the `ci` regression profile and benchmarks.
+
+A reading task with short answers, shaped like real instruction data: a prompt of
+a few dozen tokens (some notes, one of which holds the fact asked about, then the
+question) and an answer of a few tokens. A model learns the answer's form in a
+few steps and where to copy it from in a few more, so eval loss falls measurably
+under LoRA; a broken loss mask or label shift shows up as a loss that does not.
+"""
+
+from __future__ import annotations
+
+import random
+
+COLORS = ["red", "blue", "green", "yellow", "purple", "orange", "white", "black", "grey", "pink"]
+THINGS = ["door", "roof", "fence", "gate", "mailbox", "bicycle", "car", "boat", "kite", "umbrella"]
+OWNERS = ["Anna", "Bruno", "Chen", "Dara", "Emil", "Fatima", "Goran", "Hana", "Ivo", "Julia", "Kofi",
+          "Lena", "Marek", "Nora", "Omar", "Petra"]
+FILLER = [
+    "The weather was mild all week.", "A new bakery opened on the corner.",
+    "The library extended its opening hours.", "Traffic was light on Sunday morning.",
+    "The town council met on Tuesday.", "A storm is expected next month.",
+    "The school choir gave a concert.", "Several streets were repaved in spring.",
+    "The market sells fresh fish on Fridays.", "A small park was planted near the river.",
+]
+
+
+def make_chat_rows(n: int, seed: int = 0, fmt: str = "messages") -> list[dict]:
+    """``n`` rows as ``{"messages": [...]}`` (fmt="messages") or ``{"prompt", "completion"}``."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        owner, thing, color = rng.choice(OWNERS), rng.choice(THINGS), rng.choice(COLORS)
+        decoy_owner = rng.choice([o for o in OWNERS if o != owner])
+        notes = rng.sample(FILLER, rng.randint(1, 5))
+        notes.insert(rng.randint(0, len(notes)), f"{owner}'s {thing} is {color}.")
+        notes.insert(rng.randint(0, len(notes)),
+                     f"{decoy_owner}'s {rng.choice(THINGS)} is {rng.choice(COLORS)}.")
+        prompt = "Notes: " + " ".join(notes) + f"\nQuestion: What color is {owner}'s {thing}?"
+        answer = f"It is {color}."
+        if fmt == "messages":
+            rows.append({"messages": [{"role": "user", "content": prompt},
+                                      {"role": "assistant", "content": answer}]})
+        else:
+            rows.append({"prompt": prompt, "completion": answer})
+    return rows
+
+
+def make_chat_dataset(n_train: int = 200, n_eval: int = 40, fmt: str = "messages", seed: int = 0):
+    """A DatasetDict with train and validation splits of :func:`make_chat_rows`."""
+    from datasets import Dataset, DatasetDict
+
+    return DatasetDict({
+        "train": Dataset.from_list(make_chat_rows(n_train, seed, fmt)),
+        "validation": Dataset.from_list(make_chat_rows(n_eval, seed + 1, fmt)),
+    })

@@ -1,0 +1,691 @@
+"""Fine-tune a causal language model on instructions, chats or plain text (full, LoRA or QLoRA).
+
+What the training loop asks of a task (the same methods as ``ClassificationTask``):
+check the data, load tokenizer and model, tokenize the splits, pad batches, the loss,
+eval outputs and metrics, save, and the checkpoint state.
+
+**Data.** Three row formats, found from the columns (``data_format="auto"``):
+``messages`` (a list of ``{role, content}``), ``prompt`` + ``completion`` columns,
+or one ``text`` column (plain language modelling). Chats and pairs are rendered
+by the tokenizer's own chat template; a tokenizer without one is refused unless
+``chat_template`` names the simple built-in template or gives a Jinja template.
+
+**Labels.** With ``loss_on="completion"`` only the assistant's tokens carry loss,
+up to and including the end-of-turn token (so the model learns to stop); the
+prompt, the system message, the template's role markers, what follows the
+end-of-turn token and the padding are -100. Which characters belong to an
+assistant turn is found by rendering the conversation up to each assistant
+message with and without it, which holds for any template that renders each turn
+as a prefix of the next. The text is cut at those boundaries and the pieces are
+tokenized apart, so the prompt's tokens are those the model sees at inference
+(no token merges the role header with the answer). An EOS is appended where the
+template puts none.
+``loss_on="all"`` trains on every non-padding token.
+
+**Batches.** Rows are tokenized once, unpadded; batches are padded to their own
+longest row (right padding, labels -100, attention mask 0). On CUDA with a
+FlashAttention implementation, batches are instead flattened into one row with
+the sequence boundaries kept (``DataCollatorWithFlattening``): no padding at
+all, and no row attends to another.
+
+**Loss.** The LM head over a 49k-152k vocabulary costs as much as several
+transformer layers, and in chat data most positions are prompt tokens whose logits
+would be thrown away. So the model is asked for logits only at the positions that
+carry loss (``logits_to_keep`` with a boolean mask: transformers gathers those
+hidden states before the head), through the model's own forward so that DDP,
+FSDP and peft hooks all run. The result equals ``model(**batch).loss``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from workbench import lora
+from workbench.config import ModelChoice
+from workbench.errors import ConfigError, DataError, ModelError
+
+IGNORE = -100  # label of a token that carries no loss (PyTorch cross_entropy's ignore_index)
+FINETUNE = ("lora", "qlora", "full")
+LOSS_ON = ("completion", "all")
+DATA_FORMATS = ("auto", "messages", "prompt_completion", "text")
+ROLES = ("system", "user", "assistant")
+CHECK_ROWS_SHOWN = 3  # bad rows named in a DataError
+
+# A template for tokenizers that have none (base models): plain-text role headers,
+# EOS after each answer so the model learns to stop. Chosen with chat_template="simple".
+SIMPLE_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}\n\n"
+    "{% elif message['role'] == 'user' %}### User:\n{{ message['content'] }}\n\n"
+    "{% else %}### Assistant:\n{{ message['content'] }}{{ eos_token }}\n\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}### Assistant:\n{% endif %}"
+)
+
+
+# ------------------------------------------------------------------------- settings
+@dataclass
+class CausalLMSettings:
+    """What a causal-LM run needs beyond TrainConfig; validation names the field."""
+
+    task: str = "causal_lm"
+    finetune: str = "lora"  # lora | qlora (4-bit base, CUDA only) | full (every weight trains)
+    lora_r: int = 16  # adapter rank: trainable parameters grow linearly with it
+    lora_alpha: int = 32  # the update is scaled by alpha / r
+    lora_dropout: float = 0.05  # on the adapter's input, in [0, 1)
+    lora_target_modules: tuple[str, ...] | None = None  # leaf names; None: every linear layer but the head
+    loss_on: str = "completion"  # completion: assistant tokens only | all: every token
+    chat_template: str | None = None  # None: the tokenizer's own | "simple" | a Jinja template
+    data_format: str = "auto"  # auto | messages | prompt_completion | text
+    messages_column: str = "messages"
+    prompt_column: str = "prompt"
+    completion_column: str = "completion"
+    text_column: str = "text"
+    system_prompt: str | None = None  # a system message put before each prompt/completion pair
+    eval_generate: int = 0  # eval rows answered greedily for eval_exact_match; 0: off (it is slow)
+    eval_max_new_tokens: int = 64
+    merge_adapter: bool = False  # also write a merged model (base + adapter) at the end
+
+    def __post_init__(self) -> None:
+        if self.task != "causal_lm":
+            raise ConfigError("task", self.task, "'causal_lm' for these settings")
+        if self.finetune not in FINETUNE:
+            raise ConfigError("finetune", self.finetune, " | ".join(FINETUNE))
+        for name in ("lora_r", "lora_alpha", "eval_max_new_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(name, value, "a positive integer")
+        if not isinstance(self.eval_generate, int) or isinstance(self.eval_generate, bool) \
+                or self.eval_generate < 0:
+            raise ConfigError("eval_generate", self.eval_generate, "a non-negative integer (0: off)")
+        if not (isinstance(self.lora_dropout, (int, float)) and 0 <= self.lora_dropout < 1):
+            raise ConfigError("lora_dropout", self.lora_dropout, "a number in [0, 1)")
+        if isinstance(self.lora_target_modules, str):
+            self.lora_target_modules = (self.lora_target_modules,)
+        if self.lora_target_modules is not None:
+            self.lora_target_modules = tuple(self.lora_target_modules)
+            if not self.lora_target_modules or not all(
+                    isinstance(t, str) and t for t in self.lora_target_modules):
+                raise ConfigError("lora_target_modules", self.lora_target_modules,
+                                  "None (every linear layer but the head) or layer names like q_proj")
+        if self.loss_on not in LOSS_ON:
+            raise ConfigError("loss_on", self.loss_on, " | ".join(LOSS_ON))
+        if self.chat_template is not None and (
+                not isinstance(self.chat_template, str) or
+                (self.chat_template != "simple" and "{{" not in self.chat_template)):
+            raise ConfigError("chat_template", self.chat_template,
+                              "None (the tokenizer's own), 'simple', or a Jinja template with {{ ... }}")
+        if self.data_format not in DATA_FORMATS:
+            raise ConfigError("data_format", self.data_format, " | ".join(DATA_FORMATS))
+        for name in ("messages_column", "prompt_column", "completion_column", "text_column"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(name, getattr(self, name), "a column name")
+
+
+# ---------------------------------------------------------------------- data checks
+def detect_format(columns: Sequence[str], settings: CausalLMSettings) -> str:
+    """messages, prompt_completion or text, from the columns present (or as the settings say)."""
+    if settings.data_format != "auto":
+        return settings.data_format
+    if settings.messages_column in columns:
+        return "messages"
+    if settings.prompt_column in columns and settings.completion_column in columns:
+        return "prompt_completion"
+    if settings.text_column in columns:
+        return "text"
+    raise DataError(
+        f"Cannot tell the data format from the columns {', '.join(columns)}: a causal LM trains on "
+        f"a {settings.messages_column!r} column (a list of {{role, content}}), "
+        f"{settings.prompt_column!r} + {settings.completion_column!r} columns, or a "
+        f"{settings.text_column!r} column.",
+        "rename the columns, or set messages_column / prompt_column + completion_column / "
+        "text_column to the names your data uses.")
+
+
+def _message_problem(messages: Any, loss_on: str) -> str | None:
+    if not isinstance(messages, list) or not messages:
+        return f"expected a non-empty list of {{role, content}}, got {type(messages).__name__}"
+    for j, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            return f"message {j} is not a {{role, content}} dict with text content"
+        if m.get("role") not in ROLES:
+            return f"message {j} has role {m.get('role')!r}; allowed: {', '.join(ROLES)}"
+    if messages[0]["role"] == "assistant":
+        return "the conversation starts with the assistant; it needs a user (or system) message first"
+    if loss_on == "completion" and not any(m["role"] == "assistant" for m in messages):
+        return "no assistant message: nothing to learn with loss_on='completion'"
+    return None
+
+
+def _row_problem(row: dict, fmt: str, settings: CausalLMSettings) -> str | None:
+    if fmt == "messages":
+        return _message_problem(row[settings.messages_column], settings.loss_on)
+    if fmt == "text":
+        text = row[settings.text_column]
+        return None if isinstance(text, str) and text.strip() else f"empty or non-text value {text!r}"
+    prompt, completion = row[settings.prompt_column], row[settings.completion_column]
+    if isinstance(prompt, list):  # conversational prompt (a list of messages), TRL's format
+        problem = _message_problem(prompt, "all")
+        if problem:
+            return f"prompt: {problem}"
+    elif not isinstance(prompt, str):
+        return f"prompt is {type(prompt).__name__}, not text"
+    if isinstance(completion, list):
+        if not completion or not all(isinstance(m, dict) and m.get("role") == "assistant"
+                                     and isinstance(m.get("content"), str) for m in completion):
+            return "completion: expected a list of assistant messages"
+    elif not isinstance(completion, str) or not completion.strip():
+        return f"completion is empty or not text ({completion!r})"
+    return None
+
+
+def to_messages(row: dict, fmt: str, settings: CausalLMSettings) -> list[dict]:
+    """A chat row or a prompt/completion row as a list of messages."""
+    if fmt == "messages":
+        return [{"role": m["role"], "content": m["content"]} for m in row[settings.messages_column]]
+    prompt, completion = row[settings.prompt_column], row[settings.completion_column]
+    messages = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
+    messages += ([dict(m) for m in prompt] if isinstance(prompt, list)
+                 else [{"role": "user", "content": prompt}])
+    messages += ([dict(m) for m in completion] if isinstance(completion, list)
+                 else [{"role": "assistant", "content": completion}])
+    return messages
+
+
+# ------------------------------------------------------------------------- encoding
+def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character span of each assistant turn in it.
+
+    A turn's span runs from the end of the conversation rendered up to it with the
+    generation prompt (the role header the model sees at inference) to the end of
+    the conversation rendered with it (its content and the template's closing).
+    """
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[:i + 1], tokenize=False)
+        if not (upto.startswith(before) and text.startswith(upto)):
+            raise DataError(
+                "The chat template does not render each turn as a prefix of the next, so the "
+                "assistant's tokens cannot be told from the prompt's.",
+                "use chat_template='simple', a template of your own, or loss_on='all'.")
+        spans.append((len(before), len(upto)))
+    return text, spans
+
+
+def encode_chat(tokenizer, messages: list[dict], *, max_length: int, loss_on: str,
+                end_ids: set[int]) -> tuple[list[int], list[int]]:
+    """input_ids and labels of one conversation; labels are -100 outside the assistant turns.
+
+    The rendered text is cut at the start and end of each assistant turn and the
+    pieces are tokenized separately, so the prompt's tokens are exactly those the
+    model gets at inference (prompt rendered with the generation prompt): no token
+    merges across the header/answer boundary. In each assistant turn the tokens up to
+    and including the first end-of-turn token (``end_ids``: EOS and the generation
+    config's stop tokens) are labelled; what the template puts after it (a newline)
+    is not, since the model never generates past its stop token. A turn with no end
+    token gets an EOS appended.
+    """
+    text, spans = assistant_spans(tokenizer, messages)
+    cuts = sorted({0, len(text), *(c for span in spans for c in span)})
+    starts = {start for start, _ in spans}
+    eos = tokenizer.eos_token_id
+    ids, labels = [], []
+    for left, right in zip(cuts, cuts[1:], strict=False):
+        piece = tokenizer(text[left:right], add_special_tokens=False)["input_ids"]
+        if loss_on == "all" or left not in starts:
+            ids += piece
+            labels += piece if loss_on == "all" else [IGNORE] * len(piece)
+            continue
+        stop = next((i for i, t in enumerate(piece) if t in end_ids), None)
+        if stop is None:  # the template closes this turn without an end token: add one
+            ids += [*piece, eos]
+            labels += [*piece, eos]
+        else:
+            ids += piece
+            labels += piece[:stop + 1] + [IGNORE] * (len(piece) - stop - 1)
+    if loss_on == "all" and ids and ids[-1] not in end_ids:
+        ids.append(eos)
+        labels.append(eos)
+    return ids[:max_length], labels[:max_length]
+
+
+def encode_text(tokenizer, text: str, *, max_length: int, end_ids: set[int]) -> tuple[list[int], list[int]]:
+    """Plain language modelling: every token carries loss; EOS appended so documents end."""
+    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    if not ids or ids[-1] not in end_ids:
+        ids = [*ids, tokenizer.eos_token_id]
+    ids = ids[:max_length]
+    return ids, list(ids)
+
+
+def prompt_and_reference(row: dict) -> tuple[list[int] | None, list[int]]:
+    """(tokens before the first supervised one, the supervised tokens of that first answer)."""
+    labels = row["labels"]
+    start = next((i for i, t in enumerate(labels) if t != IGNORE), None)
+    if not start:  # no answer, or everything supervised (text rows): nothing to prompt with
+        return None, []
+    end = next((i for i in range(start, len(labels)) if labels[i] == IGNORE), len(labels))
+    return list(row["input_ids"][:start]), list(labels[start:end])
+
+
+class CausalLMDataset(Dataset):
+    """Unpadded token ids and labels as Python lists; ``lengths`` feeds the length-grouped sampler."""
+
+    def __init__(self, input_ids: list[list[int]], labels: list[list[int]]):
+        self.input_ids = input_ids
+        self.labels = labels
+        self.lengths = [len(ids) for ids in input_ids]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __getitem__(self, index: int) -> dict:
+        return {"input_ids": self.input_ids[index], "labels": self.labels[index]}
+
+    def supervised_tokens(self) -> int:
+        """Tokens that carry loss (after the shift: the first token is never predicted)."""
+        return sum(sum(1 for t in labels[1:] if t != IGNORE) for labels in self.labels)
+
+
+# ------------------------------------------------------------------------- batching
+@dataclass
+class PaddingCollator:
+    """Right-pads each batch to its own longest row: pad id, attention mask 0, label -100.
+
+    Padding is told apart by the attention mask, never by token id: many chat
+    tokenizers use their EOS as the pad token, and the EOS of an answer must train.
+    """
+
+    pad_token_id: int
+    pad_to_multiple_of: int | None = None  # 8 on GPUs: tensor-core friendly shapes
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        longest = max(len(f["input_ids"]) for f in features)
+        if self.pad_to_multiple_of:
+            longest = math.ceil(longest / self.pad_to_multiple_of) * self.pad_to_multiple_of
+        n = len(features)
+        input_ids = torch.full((n, longest), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((n, longest), IGNORE, dtype=torch.long)
+        attention_mask = torch.zeros((n, longest), dtype=torch.long)
+        for i, f in enumerate(features):
+            length = len(f["input_ids"])
+            input_ids[i, :length] = torch.tensor(f["input_ids"])
+            labels[i, :length] = torch.tensor(f["labels"])
+            attention_mask[i, :length] = 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def uses_flash_attention(model) -> bool:
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
+    return "flash" in impl
+
+
+# --------------------------------------------------------------------------- losses
+def _loss_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask of positions whose next token carries loss, those next tokens in row-major order)."""
+    next_labels = labels[:, 1:]
+    supervised = next_labels != IGNORE
+    keep = torch.zeros_like(labels, dtype=torch.bool)
+    keep[:, :-1] = supervised
+    return keep, next_labels[supervised]
+
+
+def _model_inputs(batch: dict) -> dict:
+    # Everything the collators produce except labels: the loss is computed here, not by the model.
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def supervised_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits at the positions that carry loss [N, V], their targets [N], the keep mask [B, T])."""
+    keep, targets = _loss_positions(batch["labels"])
+    out = model(**_model_inputs(batch), logits_to_keep=keep, use_cache=False)
+    logits = out.logits
+    if logits.dim() != 2:  # an architecture that ignores a tensor logits_to_keep: gather here
+        logits = logits[keep] if logits.shape[1] == keep.shape[1] else logits.reshape(-1, logits.shape[-1])
+    return logits, targets, keep
+
+
+def token_loss(model, batch: dict) -> torch.Tensor:
+    """Mean cross-entropy over the batch's supervised tokens, logits only where they carry loss."""
+    logits, targets, _ = supervised_logits(model, batch)
+    # fp32 softmax: under bf16 autocast the log-sum-exp over 49k+ classes loses digits.
+    return F.cross_entropy(logits.float(), targets, reduction="mean")
+
+
+# ------------------------------------------------------------------------- the task
+class CausalLMTask:
+    """Causal-LM fine-tuning (full, LoRA, QLoRA) with any AutoModelForCausalLM."""
+
+    name = "causal_lm"
+
+    def __init__(self, settings: CausalLMSettings | None = None, **overrides):
+        self.settings = settings or CausalLMSettings(**overrides)
+        if settings is not None and overrides:
+            self.settings = CausalLMSettings(**{**asdict(settings), **overrides})
+        self.format: str | None = None
+        self.model_name: str | None = None
+        self.template_source: str | None = None  # tokenizer | simple | custom
+        self.end_ids: set[int] = set()
+        self.padding_free = False
+        self.dropped: dict[str, int] = {}  # rows whose supervised tokens were all truncated away
+        self.parameters: dict[str, int] = {}
+        self.targets: list[str] = []
+
+    # ---------------------------------------------------------------- data
+    def check_data(self, splits) -> None:
+        """Everything that can be wrong with the rows, found before any model is loaded."""
+        if not hasattr(splits, "keys"):
+            raise DataError(f"data must be a DatasetDict with 'train' and 'validation' splits, "
+                            f"not {type(splits).__name__}.",
+                            "pass a DatasetDict, a DatasetChoice, or a path to local files.")
+        for split in ("train", "validation"):
+            ds = splits.get(split)
+            if ds is None:
+                raise DataError(f"The dataset has no '{split}' split.",
+                                "pass a DatasetDict with 'train' and 'validation' splits.")
+            if len(ds) == 0:
+                raise DataError(f"The {split} split is empty (0 rows).",
+                                "check the file or split name, or the max_*_rows caps.")
+            fmt = detect_format(ds.column_names, self.settings)
+            if self.format is not None and fmt != self.format:
+                raise DataError(f"The train split holds {self.format} rows but {split} holds {fmt} rows.",
+                                "give both splits the same columns.")
+            self.format = fmt
+            needed = {"messages": [self.settings.messages_column], "text": [self.settings.text_column],
+                      "prompt_completion": [self.settings.prompt_column, self.settings.completion_column]}[fmt]
+            missing = [c for c in needed if c not in ds.column_names]
+            if missing:
+                raise DataError(f"The {split} split has no column {missing[0]!r} for data_format={fmt!r}; "
+                                f"available: {', '.join(ds.column_names)}.",
+                                "set the *_column settings to your column names.")
+            bad = []
+            for i, row in enumerate(ds.select_columns(needed)):
+                problem = _row_problem(row, fmt, self.settings)
+                if problem:
+                    bad.append(f"row {i}: {problem}")
+                    if len(bad) == CHECK_ROWS_SHOWN:
+                        break
+            if bad:
+                raise DataError(f"The {split} split has rows that cannot be trained on: " + "; ".join(bad) + ".",
+                                "fix or drop those rows (datasets: ds.filter(...)) before training.")
+
+    def load_tokenizer(self, choice: ModelChoice):
+        from transformers import AutoTokenizer
+
+        tokenizer = _load(AutoTokenizer, choice)
+        if tokenizer.pad_token is None:  # padding is masked by the attention mask and labels anyway
+            tokenizer.pad_token = tokenizer.eos_token
+        chosen = self.settings.chat_template
+        if chosen == "simple":
+            tokenizer.chat_template, self.template_source = SIMPLE_TEMPLATE, "simple"
+        elif chosen:
+            tokenizer.chat_template, self.template_source = chosen, "custom"
+        elif tokenizer.chat_template:
+            self.template_source = "tokenizer"
+        elif self.format in ("messages", "prompt_completion"):
+            raise DataError(
+                f"The tokenizer of {choice.name_or_path!r} has no chat template, so {self.format} rows "
+                "cannot be rendered the way the model will be prompted.",
+                "pick an instruct/chat model, or set chat_template='simple' (### User / ### Assistant "
+                "headers) or your own Jinja template, or train on a text column (data_format='text').")
+        return tokenizer
+
+    def datasets(self, splits, tokenizer, max_length: int, model=None):
+        self.end_ids = {tokenizer.eos_token_id}
+        generation = getattr(model, "generation_config", None)
+        stop = getattr(generation, "eos_token_id", None)
+        self.end_ids |= set(stop if isinstance(stop, (list, tuple)) else [stop] if stop is not None else [])
+        self.end_ids.discard(None)
+        if self.format is None:
+            self.check_data(splits)
+        return tuple(self._encode_split(splits[s], s, tokenizer, max_length)
+                     for s in ("train", "validation"))
+
+    def _encode_split(self, ds, split: str, tokenizer, max_length: int) -> CausalLMDataset:
+        settings, fmt = self.settings, self.format
+        all_ids, all_labels, dropped = [], [], 0
+        for row in ds:
+            if fmt == "text":
+                ids, labels = encode_text(tokenizer, row[settings.text_column], max_length=max_length,
+                                          end_ids=self.end_ids)
+            else:
+                ids, labels = encode_chat(tokenizer, to_messages(row, fmt, settings), max_length=max_length,
+                                          loss_on=settings.loss_on, end_ids=self.end_ids)
+            if all(t == IGNORE for t in labels[1:]):
+                dropped += 1  # the answer lies beyond max_length: a row with no loss teaches nothing
+                continue
+            all_ids.append(ids)
+            all_labels.append(labels)
+        self.dropped[split] = dropped
+        if not all_ids:
+            raise DataError(f"Every row of the {split} split loses its answer to truncation at "
+                            f"max_length={max_length} tokens.", "raise max_length.")
+        if dropped:
+            warnings.warn(f"{dropped} of {len(ds)} {split} rows were dropped: their answer starts after "
+                          f"max_length={max_length} tokens (raise max_length to keep them).", stacklevel=2)
+        return CausalLMDataset(all_ids, all_labels)
+
+    def collator(self, tokenizer):
+        if self.padding_free:
+            from transformers import DataCollatorWithFlattening
+
+            # One row per batch, positions restarting at each example, FlashAttention's
+            # cu_seq_lens marking the boundaries: no pad tokens, no cross-example attention.
+            return DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+        return PaddingCollator(tokenizer.pad_token_id, pad_to_multiple_of=8 if torch.cuda.is_available() else None)
+
+    # ---------------------------------------------------------------- model
+    def build_model(self, choice: ModelChoice, tokenizer, config=None):
+        """The model ready to train: adapters on a frozen base (lora/qlora), or all weights (full)."""
+        from transformers import AutoModelForCausalLM
+
+        settings = self.settings
+        checkpointing = bool(getattr(config, "gradient_checkpointing", False))
+        kwargs: dict[str, Any] = {"dtype": torch.float32}
+        if settings.finetune == "qlora":
+            lora.require_qlora_support()
+            compute = _half_dtype()
+            kwargs = {"dtype": compute, "quantization_config": lora.quantization_config(compute),
+                      "device_map": {"": torch.cuda.current_device()}}
+        elif settings.finetune == "lora" and torch.cuda.is_available() and \
+                getattr(config, "precision", "auto") != "fp32":
+            # The base is frozen: no master weights or AdamW state needed, so 16-bit halves its memory.
+            kwargs["dtype"] = _half_dtype()
+        model = _load(AutoModelForCausalLM, choice, **kwargs)
+        self.model_name = choice.name_or_path
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = tokenizer.pad_token_id
+        if checkpointing:
+            model.config.use_cache = False  # the KV cache is useless in training and conflicts with recomputation
+            if settings.finetune != "qlora":  # prepare_model_for_kbit_training does it for QLoRA
+                _enable_checkpointing(model)
+        if settings.finetune == "full":
+            self.targets = []
+        else:
+            model = lora.wrap(model, r=settings.lora_r, alpha=settings.lora_alpha,
+                              dropout=settings.lora_dropout,
+                              targets=list(settings.lora_target_modules or []) or None,
+                              quantized=settings.finetune == "qlora", gradient_checkpointing=checkpointing)
+            self.targets = sorted(model.peft_config["default"].target_modules)
+            if checkpointing:
+                # Frozen embeddings give the first checkpointed segment no input that needs grad;
+                # reentrant checkpointing would then drop the adapters' gradients.
+                model.enable_input_require_grads()
+        self.padding_free = torch.cuda.is_available() and uses_flash_attention(model)
+        self.parameters = {"total": sum(p.numel() for p in model.parameters()),
+                           "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+        return model
+
+    # ---------------------------------------------------------------- steps
+    def rows(self, batch: dict) -> int:
+        if "position_ids" in batch and "attention_mask" not in batch:  # flattened: one row per example
+            return int((batch["position_ids"] == 0).sum())
+        return int(batch["input_ids"].shape[0])
+
+    def units(self, batch: dict) -> torch.Tensor:
+        """Supervised tokens: what the loss averages over, so accumulation weights by them.
+
+        A tensor on the batch's device, not an int: .item() here would cost a host sync per micro-batch.
+        """
+        return (batch["labels"][:, 1:] != IGNORE).sum()
+
+    def loss(self, model, batch: dict) -> torch.Tensor:
+        return token_loss(model, batch)
+
+    def eval_outputs(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-row (summed loss, supervised token count), for a token-weighted mean across processes."""
+        logits, targets, keep = supervised_logits(model, batch)
+        losses = F.cross_entropy(logits.float(), targets, reduction="none")
+        row_of = keep.nonzero()[:, 0]  # row-major order, as logits_to_keep gathered them
+        rows = keep.shape[0]
+        summed = torch.zeros(rows, device=losses.device).index_add_(0, row_of, losses)
+        counts = torch.zeros(rows, device=losses.device).index_add_(0, row_of, torch.ones_like(losses))
+        return summed, counts
+
+    def metrics(self, outputs: list[tuple[torch.Tensor, ...]]) -> dict[str, float]:
+        summed, counts = (torch.cat(parts).double() for parts in zip(*outputs, strict=True))
+        loss = (summed.sum() / counts.sum().clamp(min=1)).item()
+        return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0))}  # exp(50): overflow guard
+
+    def generation_check(self, model, tokenizer, dataset: CausalLMDataset, limit: int | None = None,
+                         max_new_tokens: int | None = None) -> dict[str, float]:
+        """``eval_exact_match``: greedy answers to the first ``limit`` eval prompts vs the references.
+
+        The prompt is each row up to its first supervised token (the role header
+        included, as at inference); the reference is the supervised text without
+        special tokens. Both are compared after stripping whitespace. One row at a
+        time: no left padding to get right, and ``limit`` keeps it cheap.
+        """
+        limit = self.settings.eval_generate if limit is None else limit
+        max_new_tokens = max_new_tokens or self.settings.eval_max_new_tokens
+        model = _unwrap(model)
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        hits = rows = 0
+        with torch.inference_mode():
+            for index in range(min(limit, len(dataset))):
+                prompt, reference = prompt_and_reference(dataset[index])
+                if prompt is None:
+                    continue
+                ids = torch.tensor([prompt], device=device)
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+                answer = tokenizer.decode(out[0, len(prompt):], skip_special_tokens=True)
+                hits += answer.strip() == tokenizer.decode(reference, skip_special_tokens=True).strip()
+                rows += 1
+        model.train(was_training)
+        return {"eval_exact_match": hits / rows if rows else float("nan")}
+
+    # ---------------------------------------------------------------- saving
+    def save_model(self, model, tokenizer, directory: str | os.PathLike,
+                   state_dict: dict | None = None) -> Path:
+        """LoRA: the adapter folder (PeftModel.from_pretrained loads it); full: a whole model folder.
+
+        ``state_dict`` (Accelerate's gathered one under FSDP) may hold the whole peft
+        model: PeftModel.save_pretrained keeps only the adapter's entries of it.
+        """
+        directory = Path(directory)
+        _unwrap(model).save_pretrained(directory, state_dict=state_dict)
+        tokenizer.save_pretrained(directory)
+        return directory
+
+    def merge_and_save(self, model, tokenizer, directory: str | os.PathLike) -> Path:
+        """A plain model folder with the adapter merged in; ``pipeline("text-generation", model=...)`` loads it."""
+        model = _unwrap(model)
+        if not lora.is_peft(model):
+            return self.save_model(model, tokenizer, directory)
+        return lora.merge_and_save(model, tokenizer, directory)
+
+    def model_state(self, model) -> dict[str, torch.Tensor]:
+        """The trainable weights only: the adapter for LoRA (a few MB), every weight for full."""
+        model = _unwrap(model)
+        if lora.is_peft(model):
+            return lora.adapter_state(model)
+        return model.state_dict()
+
+    def load_model_state(self, model, state: dict[str, torch.Tensor]) -> None:
+        model = _unwrap(model)
+        if lora.is_peft(model):
+            lora.load_adapter_state(model, state)
+            return
+        # strict=False: safetensors drops tied duplicates; anything else missing is an error.
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+        missing = [k for k in missing if k not in tied]
+        if missing or unexpected:
+            raise ModelError(f"The checkpoint's weights do not fit this model (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}).",
+                             "resume with the model and finetune setting the run was started with.")
+
+    checkpoint_state = model_state  # the names of the issue's brief
+    load_checkpoint_state = load_model_state
+
+    def identity(self) -> dict:
+        """Facts that make a run this run, for the run record (and a resume check)."""
+        s = self.settings
+        facts = {"task": self.name, "model": self.model_name, "finetune": s.finetune,
+                 "data_format": self.format, "loss_on": s.loss_on, "chat_template": self.template_source,
+                 "parameters": dict(self.parameters), "padding_free": self.padding_free,
+                 "dropped_rows": dict(self.dropped)}
+        if s.finetune != "full":
+            facts["lora"] = {"r": s.lora_r, "alpha": s.lora_alpha, "dropout": s.lora_dropout,
+                             "target_modules": list(self.targets)}
+        return facts
+
+    record = identity
+
+
+# -------------------------------------------------------------------------- helpers
+def _half_dtype() -> torch.dtype:
+    return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
+
+
+def _enable_checkpointing(model) -> None:
+    # Non-reentrant: works with DDP and with frozen inputs. transformers 5 renamed the method;
+    # the old name warns. (Same as workbench.tasks.enable_gradient_checkpointing in the engine.)
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _unwrap(model):
+    # DDP/FSDP/torch.compile wrappers keep the real model in .module / ._orig_mod
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model
+
+
+def _load(auto_class, choice: ModelChoice, **kwargs):
+    """from_pretrained on a folder, hub id or GGUF file (converted once, then cached)."""
+    source = choice.name_or_path
+    if str(source).endswith(".gguf"):
+        from workbench.gguf import convert_gguf
+
+        source = str(convert_gguf(source))
+    try:
+        return auto_class.from_pretrained(source, revision=choice.revision, **kwargs)
+    except Exception as exc:  # OSError, ValueError, HF hub errors: all mean "cannot load this"
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fix = "check the name on https://huggingface.co/models, or pass a local folder with config.json"
+        if offline:
+            fix = ("offline mode (HF_HUB_OFFLINE=1) only finds cached models and local folders: "
+                   "download it once online (hf download NAME) or pass a local folder")
+        raise ModelError(f"Cannot load model {choice.name_or_path!r}: {reason}", fix) from None
