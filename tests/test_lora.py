@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -65,6 +66,8 @@ def trained(tiny_llama_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("CI") == "true",
+                    reason="minutes of real SmolLM2 LoRA steps on 2 cores; run it with `pytest -m slow tests/test_lora.py`")
 def test_lora_on_real_smollm2_lowers_eval_loss(smollm2_dir):
     # The real model, because only a pretrained model shows LoRA doing its job on top of
     # what it knows. 3 steps of batch 4: each costs 5-40 s on the shared 2-core CPU.
