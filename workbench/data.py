@@ -16,6 +16,10 @@ Every bad input raises :class:`~workbench.errors.DataError` whose message says w
 is wrong and whose ``fix`` says what to do. Files are checked *before* ``datasets``
 sees them (existence, emptiness, UTF-8, the Parquet magic bytes) because its own
 errors for those cases are stack traces from pyarrow that name neither file nor fix.
+
+Why one module of ~700 lines: loading and checking share the reading details (CSV/TSV
+cells read as written, missing-label markers, the split names); the checks are pure functions
+after the loaders. The next split is loaders (hub, files) apart from the checks.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ What a configuration cannot switch off (security round 2):
 * tokens in the log: :func:`install_log_redaction` rewrites every log record;
 * the token in kernels and terminals: :func:`scrub_server_environment` removes it from
   the server's environment, which kernels and terminals copy.
+
+Why one module of ~700 lines: it is the whole security floor of the server, every
+refusal and its fix, so that a reviewer reads what the server accepts in one file.
 """
 
 from __future__ import annotations

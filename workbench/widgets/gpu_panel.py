@@ -16,6 +16,9 @@ figure in an Output; drawing it costs a string join, not a figure render.
 
 The panel never raises into the notebook: errors are shown in its header and
 kept in ``panel.errors``.
+
+Why ~510 lines: the panel draws cards, host and processes from one snapshot and
+owns the sampling thread; the drawing helpers are small functions beside it.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ so a notebook never shows a traceback for a wrong path or column.
     from workbench import pickers
     p = pickers()            # display it, choose, then:
     spec = p.run_spec()      # RunSpec(model, data, train) for fit() or RunSpec.save()
+
+Why ~530 lines: two pickers and the combined one share their helpers (HTML tables,
+error boxes, the export); each picker is one class.
 """
 
 from __future__ import annotations
