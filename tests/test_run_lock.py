@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -112,6 +114,26 @@ def test_runs_started_together_exactly_one_wins(tmp_path):
     refused = [r for r in results if r[0] == "refused"]
     assert len(winners) == 1, results
     assert len(refused) == 2 and all(int(r[1]) == winners[0] for r in refused), results
+
+
+def test_refusal_in_the_moment_before_the_winner_writes_its_record_still_names_it(tmp_path):
+    # The winner of a race takes the flock and writes its record a moment later; a run refused
+    # in between must still name it (CI once saw "held by None" here).
+    out = tmp_path / "run"
+    out.mkdir()
+    fd = os.open(out / run_lock.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    record = {"pid": 4242, "host": "winner-host"}
+    writer = threading.Timer(0.3, lambda: os.pwrite(fd, json.dumps(record).encode(), 0))
+    writer.start()
+    try:
+        with pytest.raises(OutputDirLockedError) as err:
+            run_lock.acquire(out)
+    finally:
+        writer.join()
+        os.close(fd)
+    assert err.value.holder.get("pid") == 4242
+    assert "process 4242 on host winner-host" in str(err.value)
 
 
 def test_lock_file_without_a_record_is_still_a_lock(tmp_path):

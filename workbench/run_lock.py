@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,7 @@ def acquire(output_dir: str | os.PathLike) -> RunLock:
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise _locked_error(output_dir, read_holder(output_dir)) from None
+                raise _locked_error(output_dir, _wait_for_holder(output_dir)) from None
             raise WorkbenchError(
                 f"Cannot lock {path}: {exc.strerror or exc} (the filesystem may not support locks).",
                 "put output_dir on a local disk or a volume that supports file locks.") from None
@@ -138,6 +139,18 @@ def acquire(output_dir: str | os.PathLike) -> RunLock:
         os.close(fd)
     raise WorkbenchError(f"Could not lock {path}: it keeps being replaced by another process.",
                          "make sure only one run uses this output_dir, then run again.")
+
+
+def _wait_for_holder(output_dir: Path, patience_s: float = 1.0) -> dict[str, Any] | None:
+    """The holder's record, waiting briefly for it: a run that has just won the lock writes its
+    record a moment after taking it, and a refusal that read the file in that moment would name
+    "an unknown process". A holder killed before writing stays unknown after ``patience_s``."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        holder = read_holder(output_dir)
+        if (holder and "pid" in holder) or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.02)
 
 
 def _take(output_dir: Path, fd: int) -> RunLock:
