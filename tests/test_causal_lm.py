@@ -7,12 +7,11 @@ import math
 import pytest
 import torch
 
-from workbench.config import ModelChoice
+from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import ConfigError, DataError
 from workbench.synthetic_llm import make_chat_dataset
 from workbench.tasks.causal_lm import (
     IGNORE,
-    CausalLMSettings,
     CausalLMTask,
     PaddingCollator,
     encode_chat,
@@ -187,11 +186,17 @@ def test_settings_name_the_wrong_field():
                           ({"lora_dropout": 1.0}, "lora_dropout"), ({"loss_on": "prompt"}, "loss_on"),
                           ({"chat_template": "chatml"}, "chat_template"),
                           ({"lora_target_modules": ()}, "lora_target_modules"),
-                          ({"data_format": "csv"}, "data_format")]:
+                          ({"data_format": "csv"}, "data_format"), ({"task": "seq2seq"}, "task"),
+                          ({"best_metric": "accuracy"}, "best_metric"),
+                          ({"best_metric": "exact_match"}, "best_metric")]:
         with pytest.raises(ConfigError) as err:
-            CausalLMSettings(**kwargs)
+            TrainConfig(**{"task": "causal_lm", **kwargs})
         assert err.value.field == field
-    assert CausalLMSettings(lora_target_modules="q_proj").lora_target_modules == ("q_proj",)
+    assert TrainConfig(lora_target_modules="q_proj").lora_target_modules == ("q_proj",)
+    lm = TrainConfig(task="causal_lm")
+    assert lm.selection_metric == "loss" and TrainConfig().selection_metric == "accuracy"
+    assert TrainConfig(task="causal_lm", best_metric="exact_match", eval_generate=8).selection_metric \
+        == "exact_match"
 
 
 # ------------------------------------------------------------------------- batches

@@ -262,7 +262,8 @@ def compare_records(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 # What makes a run the same run (written by the task into the run record): resuming another
 # run's checkpoint would continue its weights on other data, or fail deep in load_state_dict.
-RUN_IDENTITY = ("model", "task", "text_columns", "label_column", "labels", "data_fingerprint")
+RUN_IDENTITY = ("model", "task", "text_columns", "label_column", "labels", "data_fingerprint",
+                "finetune", "data_format", "loss_on", "chat_template", "lora")
 # Settings that decide which rows form each batch: a resume with other values would not
 # see the batches the first part of the run was planned with.
 ORDER_SETTINGS = ("batch_size", "gradient_accumulation_steps", "seed", "max_length", "group_by_length")
@@ -470,7 +471,7 @@ def save_model(accelerator, task, model, tokenizer, directory: Path, extra: dict
     state_dict = acc.get_state_dict(model)  # every process: FSDP gathers the shards
     if acc.is_main_process:
         def write(tmp: Path) -> None:
-            with _no_hf_progress_bars():  # "Writing model shards" bars: noise in logs and cells
+            with no_hf_progress_bars():  # "Writing model shards" bars: noise in logs and cells
                 task.save_model(acc.unwrap_model(model), tokenizer, tmp, state_dict)
             if extra:
                 (tmp / "best.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
@@ -481,7 +482,7 @@ def save_model(accelerator, task, model, tokenizer, directory: Path, extra: dict
 
 
 @contextlib.contextmanager
-def _no_hf_progress_bars():
+def no_hf_progress_bars():
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()

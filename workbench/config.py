@@ -19,8 +19,14 @@ from workbench.errors import ConfigError, ConfigFileError
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 SCHEDULERS = ("linear", "cosine", "constant")
-METRICS = ("accuracy", "f1", "loss")
+METRICS = ("accuracy", "f1", "loss", "exact_match")
 DISTRIBUTED = ("ddp", "fsdp")
+TASKS = ("classification", "causal_lm")
+# causal_lm settings (their meaning: workbench.tasks.causal_lm)
+FINETUNE = ("lora", "qlora", "full")
+LOSS_ON = ("completion", "all")
+DATA_FORMATS = ("auto", "messages", "prompt_completion", "text")
+TASK_METRICS = {"classification": ("accuracy", "f1", "loss"), "causal_lm": ("loss", "exact_match")}
 
 
 def _check_positive(name: str, value: Any, *, allow_zero: bool = False, kind=int) -> None:
@@ -88,8 +94,15 @@ class DatasetChoice:
 
 @dataclass
 class TrainConfig:
-    """How to fine-tune. Defaults follow the BERT paper's fine-tuning recipe."""
+    """How to fine-tune. Defaults follow the BERT paper's fine-tuning recipe.
 
+    ``task`` picks what is trained: ``classification`` (a sequence classifier on text
+    and label columns) or ``causal_lm`` (a language model on chats, prompt/completion
+    pairs or plain text, fully or with LoRA/QLoRA adapters; the fields after
+    ``max_skipped_steps`` apply to it only).
+    """
+
+    task: str = "classification"  # classification | causal_lm
     output_dir: str = "outputs/run"  # checkpoints, event log, final model
     learning_rate: float = 2e-5
     num_epochs: float = 3.0
@@ -107,13 +120,31 @@ class TrainConfig:
     save_every: int | None = None  # optimizer steps; None = at the end of each epoch
     log_every: int = 10  # optimizer steps between event-log lines
     keep_checkpoints: int = 2  # newest K step checkpoints are kept (plus the best)
-    best_metric: str = "accuracy"  # accuracy | f1 | loss
+    best_metric: str | None = None  # accuracy | f1 | loss | exact_match; None: accuracy, or loss for causal_lm
     seed: int = 42
     resume: str | None = "auto"  # "auto": newest valid checkpoint in output_dir; a path; None
     num_workers: int | None = None  # DataLoader workers; None: 2 on CUDA, 0 (main process) on CPU
     gradient_checkpointing: bool = False  # trade compute for activation memory
     distributed: str = "ddp"  # ddp | fsdp (sharded, for models that do not fit one GPU)
     max_skipped_steps: int = 20  # consecutive fp16 overflow skips before giving up
+
+    # task: causal_lm only
+    finetune: str = "lora"  # lora | qlora (4-bit base, CUDA only) | full (every weight trains)
+    lora_r: int = 16  # adapter rank: trainable parameters grow linearly with it
+    lora_alpha: int = 32  # the update is scaled by alpha / r
+    lora_dropout: float = 0.05  # on the adapter's input, in [0, 1)
+    lora_target_modules: tuple[str, ...] | None = None  # leaf names; None: every linear layer but the head
+    loss_on: str = "completion"  # completion: assistant tokens only | all: every token
+    chat_template: str | None = None  # None: the tokenizer's own | "simple" | a Jinja template
+    data_format: str = "auto"  # auto (from the columns) | messages | prompt_completion | text
+    messages_column: str = "messages"  # a list of {role, content} per row
+    prompt_column: str = "prompt"
+    completion_column: str = "completion"
+    text_column: str = "text"  # plain language modelling: every token carries loss
+    system_prompt: str | None = None  # a system message put before each prompt/completion pair
+    eval_generate: int = 0  # eval rows answered greedily for eval_exact_match; 0: off (it is slow)
+    eval_max_new_tokens: int = 64
+    merge_adapter: bool = False  # also write model_merged/ (base + adapter, a plain model) at the end
 
     def __post_init__(self) -> None:
         _check_positive("learning_rate", self.learning_rate, kind=float)
@@ -137,8 +168,11 @@ class TrainConfig:
                 _check_positive(name, getattr(self, name))
         _check_positive("log_every", self.log_every)
         _check_positive("keep_checkpoints", self.keep_checkpoints)
-        if self.best_metric not in METRICS:
-            raise ConfigError("best_metric", self.best_metric, " | ".join(METRICS))
+        if self.task not in TASKS:
+            raise ConfigError("task", self.task, " | ".join(TASKS))
+        if self.best_metric is not None and self.best_metric not in TASK_METRICS[self.task]:
+            raise ConfigError("best_metric", self.best_metric,
+                              " | ".join(TASK_METRICS[self.task]) + f" (for task {self.task})")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError("seed", self.seed, "an integer")
         if self.resume is not None and not isinstance(self.resume, str):
@@ -148,6 +182,50 @@ class TrainConfig:
         if self.distributed not in DISTRIBUTED:
             raise ConfigError("distributed", self.distributed, " | ".join(DISTRIBUTED))
         _check_positive("max_skipped_steps", self.max_skipped_steps)
+        self._check_causal_lm()
+
+    @property
+    def selection_metric(self) -> str:
+        """The eval metric that picks the best model: ``best_metric``, or the task's default."""
+        return self.best_metric or ("loss" if self.task == "causal_lm" else "accuracy")
+
+    def _check_causal_lm(self) -> None:
+        if self.finetune not in FINETUNE:
+            raise ConfigError("finetune", self.finetune, " | ".join(FINETUNE))
+        for name in ("lora_r", "lora_alpha", "eval_max_new_tokens"):
+            _check_positive(name, getattr(self, name))
+        _check_positive("eval_generate", self.eval_generate, allow_zero=True)
+        if self.best_metric == "exact_match" and not self.eval_generate:
+            raise ConfigError("best_metric", self.best_metric, "loss, or exact_match with eval_generate > 0",
+                              fix="set eval_generate to the number of eval rows to answer, or "
+                                  "best_metric='loss'.")
+        if not (isinstance(self.lora_dropout, (int, float)) and not isinstance(self.lora_dropout, bool)
+                and 0 <= self.lora_dropout < 1):
+            raise ConfigError("lora_dropout", self.lora_dropout, "a number in [0, 1)")
+        if isinstance(self.lora_target_modules, str):
+            self.lora_target_modules = (self.lora_target_modules,)
+        if self.lora_target_modules is not None:
+            self.lora_target_modules = tuple(self.lora_target_modules)
+            if not self.lora_target_modules or not all(
+                    isinstance(t, str) and t for t in self.lora_target_modules):
+                raise ConfigError("lora_target_modules", self.lora_target_modules,
+                                  "None (every linear layer but the head) or layer names like [q_proj, v_proj]")
+        if self.loss_on not in LOSS_ON:
+            raise ConfigError("loss_on", self.loss_on, " | ".join(LOSS_ON))
+        if self.chat_template is not None and (
+                not isinstance(self.chat_template, str) or
+                (self.chat_template != "simple" and "{{" not in self.chat_template)):
+            raise ConfigError("chat_template", self.chat_template,
+                              "None (the tokenizer's own), 'simple', or a Jinja template with {{ ... }}")
+        if self.data_format not in DATA_FORMATS:
+            raise ConfigError("data_format", self.data_format, " | ".join(DATA_FORMATS))
+        for name in ("messages_column", "prompt_column", "completion_column", "text_column"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(name, getattr(self, name), "a column name")
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ConfigError("system_prompt", self.system_prompt, "text, or None")
+        if not isinstance(self.merge_adapter, bool):
+            raise ConfigError("merge_adapter", self.merge_adapter, "true or false")
 
 
 SECTIONS = ("model", "data", "train")
@@ -220,6 +298,8 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["data"]["text_columns"] = list(self.data.text_columns)
+        if self.train.lora_target_modules is not None:  # YAML safe_dump writes no tuples
+            out["train"]["lora_target_modules"] = list(self.train.lora_target_modules)
         return out
 
     def save(self, path: str | os.PathLike) -> Path:

@@ -647,22 +647,13 @@ def load_choice(choice: DatasetChoice) -> DatasetDict:
     from datasets import DatasetDict
 
     raw = load_raw(choice)
-    available = ", ".join(raw)
-    if choice.train_split not in raw:
-        raise DataError(f"there is no split {choice.train_split!r}; available splits: {available}.",
-                        "set train_split to one of them.")
-    train = raw[choice.train_split]
+    train = _train_split(raw, choice)
     markers = MISSING_MARKERS if _is_csv(choice) else ()
     check_columns(train, choice.text_columns, choice.label_column, choice.train_split)
     classes = check_labels(train, choice.label_column, choice.train_split, markers)
     keep = [*dict.fromkeys([*choice.text_columns, choice.label_column])]
 
-    eval_split = choice.eval_split
-    if eval_split is not None and eval_split not in raw:
-        if eval_split != "validation":
-            raise DataError(f"there is no split {eval_split!r}; available splits: {available}.",
-                            "set eval_split to one of them, or to None for a split off train.")
-        eval_split = None
+    eval_split = _eval_split_name(raw, choice)
     if eval_split is None:
         train, validation = stratified_split(train, choice.label_column,
                                              choice.validation_fraction, choice.seed)
@@ -686,3 +677,45 @@ def load_choice(choice: DatasetChoice) -> DatasetDict:
     train = _cap(train.select_columns(keep), choice.max_train_rows, choice.seed)
     validation = _cap(validation.select_columns(keep), choice.max_eval_rows, choice.seed)
     return DatasetDict(train=train, validation=validation)
+
+
+def _train_split(raw: DatasetDict, choice: DatasetChoice) -> Dataset:
+    if choice.train_split not in raw:
+        raise DataError(f"there is no split {choice.train_split!r}; available splits: {', '.join(raw)}.",
+                        "set train_split to one of them.")
+    return raw[choice.train_split]
+
+
+def _eval_split_name(raw: DatasetDict, choice: DatasetChoice) -> str | None:
+    """The eval split to use; None: split one off train (no eval split, or the default one absent)."""
+    eval_split = choice.eval_split
+    if eval_split is not None and eval_split not in raw:
+        if eval_split != "validation":
+            raise DataError(f"there is no split {eval_split!r}; available splits: {', '.join(raw)}.",
+                            "set eval_split to one of them, or to None for a split off train.")
+        return None
+    return eval_split
+
+
+def load_splits(choice: DatasetChoice) -> DatasetDict:
+    """``train`` and ``validation`` of a DatasetChoice for a task without labels (a causal LM).
+
+    All columns are kept and nothing is checked here: the task knows which columns it
+    reads (chat messages, prompt/completion, text) and checks them. Without an eval
+    split, a random ``validation_fraction`` of train (seed ``choice.seed``) becomes one.
+    """
+    from datasets import DatasetDict
+
+    raw = load_raw(choice)
+    train = _train_split(raw, choice)
+    eval_split = _eval_split_name(raw, choice)
+    if eval_split is None:
+        if train.num_rows < 2:
+            raise DataError(f"split {choice.train_split!r} has {train.num_rows} row(s): too few to split a "
+                            "validation set off.", "add rows, or give an eval split.")
+        parts = train.train_test_split(test_size=choice.validation_fraction, seed=choice.seed)
+        train, validation = parts["train"], parts["test"]
+    else:
+        validation = raw[eval_split]
+    return DatasetDict(train=_cap(train, choice.max_train_rows, choice.seed),
+                       validation=_cap(validation, choice.max_eval_rows, choice.seed))

@@ -25,8 +25,14 @@ def make_config(config: TrainConfig | None, overrides: dict[str, Any]) -> TrainC
     return dataclasses.replace(config, **overrides)  # __post_init__ validates again
 
 
-def resolve_data(data, text_columns, label_column):
-    """(DatasetDict, text_columns, label_column) from any accepted ``data``."""
+def resolve_data(data, text_columns, label_column, task: str = "classification"):
+    """(DatasetDict, text_columns, label_column) from any accepted ``data``.
+
+    A causal LM reads the columns its TrainConfig names (messages_column, ...): its
+    splits are loaded whole and checked by the task, and text/label columns are refused.
+    """
+    if task == "causal_lm":
+        return _resolve_lm_data(data, text_columns, label_column)
     if isinstance(data, (str, os.PathLike)):
         from workbench.data import resolve_data_source
 
@@ -41,6 +47,23 @@ def resolve_data(data, text_columns, label_column):
     if not 1 <= len(columns) <= 2:
         raise ConfigError("text_columns", columns, "one column, or two for sentence pairs")
     return data, columns, label_column or "label"
+
+
+def _resolve_lm_data(data, text_columns, label_column):
+    for name, value in (("text_columns", text_columns), ("label_column", label_column)):
+        if value:
+            raise ConfigError(name, value, "not set for task='causal_lm'",
+                              fix="name the data's columns with messages_column, prompt_column + "
+                                  "completion_column, or text_column (TrainConfig fields).")
+    if isinstance(data, (str, os.PathLike)):
+        from workbench.data import resolve_data_source
+
+        data = DatasetChoice(source=resolve_data_source(data), path=str(data))
+    if isinstance(data, DatasetChoice):
+        from workbench.data import load_splits
+
+        data = load_splits(data)
+    return data, (), None
 
 
 def check_output_dir(path: Path) -> None:

@@ -19,8 +19,10 @@ Only this module and ``tasks/causal_lm.py`` import peft. What it decides:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +100,17 @@ def wrap(model: nn.Module, *, r: int, alpha: int, dropout: float, targets: list[
             gradient_checkpointing_kwargs={"use_reentrant": False})
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
                         bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    with _quiet_peft():
+        return get_peft_model(model, config)
+
+
+@contextlib.contextmanager
+def _quiet_peft():
+    # peft asks transformers 5 for a renamed attribute (is_gradient_checkpointing): a FutureWarning
+    # that is peft's to fix, not the user's; every other warning still shows.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 def is_peft(model: nn.Module) -> bool:
@@ -149,7 +161,8 @@ def merge_adapter_folder(adapter_dir: str | os.PathLike, output_dir: str | os.Pa
     except OSError as exc:
         raise ModelError(f"Cannot load the base model {base!r} of the adapter in {adapter_dir}: {exc}",
                          "pass base='path/to/the/base/model' (the folder or hub id it was trained on).") from None
-    merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    with _quiet_peft():
+        merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
     merged.save_pretrained(output_dir)
     tokenizer_source = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base
     AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(output_dir)

@@ -54,7 +54,7 @@ SAMPLE_TEXTS = 256  # texts tokenized for the [UNK] share: ~50 ms with a fast to
 
 # ------------------------------------------------------------------ before loading
 def check_model_source(name_or_path: str) -> str:
-    """``"folder"`` or ``"hub"``; ModelError for a missing path or an unusable folder.
+    """``"folder"``, ``"gguf"`` (a GGUF file) or ``"hub"``; ModelError for a missing path or an unusable folder.
 
     Call at the start of ``fit``, before any loading:
     ``model_checks.check_model_source(model_choice.name_or_path)``.
@@ -68,6 +68,8 @@ def check_model_source(name_or_path: str) -> str:
                 "check the path (a folder written by save_pretrained, with config.json), or give a"
                 " hub id such as 'bert-base-uncased'.")
         return "hub"
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return "gguf"  # llama.cpp / Ollama weights: converted to a model folder once (workbench.gguf)
     if not path.is_dir():
         raise ModelError(f"{path} is a file, not a model folder.",
                          "give the folder that holds config.json, the weights and the tokenizer files.")

@@ -3,7 +3,7 @@
 Reads top to bottom: check everything that can be wrong (settings, data, output
 folder) -> build the run (task, Accelerator, model, batches, optimizer, schedule,
 resume) -> the loop -> finish (final model, ``end`` event). What depends on the
-task (classification; causal LM next) comes from a ``workbench.tasks`` object;
+task (classification, causal LM) comes from a ``workbench.tasks`` object;
 precision, checkpoints, out-of-memory handling, distribution and signals are each
 a module beside this one. Views are listeners on the event log (``listeners=``): no
 notebook front end is imported here, so it runs the same under torchrun, papermill and
@@ -34,7 +34,7 @@ from workbench.optim import make_optimizer, make_scheduler
 from workbench.precision import device_facts, resolve_precision
 from workbench.results import BEST_DIR, MODEL_DIR, FitResult
 from workbench.stopping import HARD_STOP_AFTER, StopRequest, stop_on_signals
-from workbench.tasks import Task, enable_gradient_checkpointing, make_task, split_batch
+from workbench.tasks import Task, make_task, split_batch
 
 
 @dataclass
@@ -95,7 +95,7 @@ def fit(
     config = inputs.make_config(config, overrides)
     model_choice = model if isinstance(model, ModelChoice) else ModelChoice(str(model))
     model_checks.check_model_source(model_choice.name_or_path)
-    splits, columns, label = inputs.resolve_data(data, text_columns, label_column)
+    splits, columns, label = inputs.resolve_data(data, text_columns, label_column, config.task)
     task = make_task(config, columns, label)
     task.check_data(splits)
     precision = resolve_precision(config.precision, device_facts())
@@ -162,6 +162,8 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
             run.log.write("end", status="interrupted", step=run.state.step, metrics=run.state.metrics)
             return _result(run, "interrupted", None, history)
         model_dir = _save_model(run, run.output_dir / MODEL_DIR)
+        for text, level in run.task.finish(model_dir) if acc.is_main_process else ():
+            _message(run, text, level)
         run.log.write("end", status="completed", step=run.state.step, metrics=run.state.metrics)
         return _result(run, "completed", model_dir, history)
     except BaseException as exc:
@@ -346,13 +348,13 @@ def _evaluate(run: _Run) -> dict[str, float]:
                                               "use a shorter max_length or a smaller model.",
                                               step=run.state.step))))
     model.train()
-    metrics = run.task.metrics(outputs)
+    metrics = {**run.task.metrics(outputs), **run.task.generation_metrics(model, run.tokenizer)}
     run.state.metrics = metrics
     run.log.write("eval", step=run.state.step,
                   epoch=round(run.state.epoch + run.state.batch_in_epoch / run.batches_per_epoch, 4), **metrics)
-    value = metrics[f"eval_{run.config.best_metric}"]
+    value = metrics[f"eval_{run.config.selection_metric}"]
     best = run.state.best_value
-    lower_is_better = run.config.best_metric == "loss"
+    lower_is_better = run.config.selection_metric == "loss"
     better = best is None or (value < best if lower_is_better else value > best)
     if math.isfinite(value) and better and checkpoint.weights_finite(acc, model):
         run.state.best_value, run.state.best_step = value, run.state.step
@@ -408,8 +410,6 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: s
     if note:  # capped to the model's positions, before tokenizing and recording the run
         config = dataclasses.replace(config, max_length=max_length)
         notes.append((note, "warn"))
-    if config.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
     with accelerator.local_main_process_first():  # datasets' cache is written once per node
         train_ds, eval_ds = task.datasets(splits, tokenizer, config.max_length, model)
     collate = task.collator(tokenizer)

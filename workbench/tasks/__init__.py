@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from workbench.config import ModelChoice, TrainConfig
+from workbench.errors import ModelError
 
 
 class Task(Protocol):
@@ -52,6 +53,9 @@ class Task(Protocol):
     def metrics(self, outputs: list[tuple[torch.Tensor, ...]]) -> dict[str, float]:
         """``eval_loss`` and the task's metrics from every batch's eval outputs."""
 
+    def generation_metrics(self, model, tokenizer) -> dict[str, float]:
+        """Metrics that need generation (a language model's exact match); {} when off or none."""
+
     def model_state(self, model) -> dict[str, torch.Tensor]:
         """The weights a checkpoint must hold (an adapter's only, for LoRA)."""
 
@@ -59,6 +63,10 @@ class Task(Protocol):
 
     def save_model(self, model, tokenizer, directory: Path, state_dict: dict | None) -> None:
         """Write the final (or best) model so its pipeline loads ``directory``."""
+
+    def finish(self, model_dir: Path) -> list[tuple[str, str]]:
+        """Outputs made from the saved final model (a merged LoRA model); (text, level) messages.
+        Called on the main process only."""
 
     def identity(self) -> dict[str, Any]:
         """Facts that make a run this run (labels, ...): written to the run record."""
@@ -94,8 +102,45 @@ def split_batch(task: Task, batch: dict, size: int) -> list[dict]:
     return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
 
 
+def load_pretrained(auto_class, choice: ModelChoice, **kwargs):
+    """``auto_class.from_pretrained`` with every failure turned into a ModelError with a fix.
+
+    A ``.gguf`` file (llama.cpp, Ollama) is converted to a model folder once, then cached.
+    """
+    from workbench.hub import OFFLINE_FIX, is_offline
+
+    source = str(choice.name_or_path)
+    if source.lower().endswith(".gguf"):
+        from workbench.gguf import convert_gguf
+
+        source = str(convert_gguf(source))
+    try:
+        return auto_class.from_pretrained(source, revision=choice.revision, **kwargs)
+    except Exception as exc:  # OSError, ValueError, HF hub errors: all mean "cannot load this"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fix = "check the name on https://huggingface.co/models, or pass a local folder with config.json"
+        if is_offline():
+            fix = OFFLINE_FIX
+        raise ModelError(f"Cannot load model {choice.name_or_path!r}: {reason}", fix) from None
+
+
+def load_full_state(model, state: dict[str, torch.Tensor], fix: str) -> None:
+    """Every weight of ``model`` from ``state``; ModelError (with ``fix``) when they do not fit."""
+    # strict=False: safetensors drops tied duplicates; anything else missing is an error.
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise ModelError(f"The checkpoint's weights do not fit this model (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}).", fix)
+
+
 def make_task(config: TrainConfig, text_columns, label_column: str) -> Task:
-    """The task ``config.task`` names, for these columns."""
+    """The task ``config.task`` names (for classification: on these columns)."""
+    if config.task == "causal_lm":
+        from workbench.tasks.causal_lm import CausalLMTask
+
+        return CausalLMTask(config)
     from workbench.tasks.classification import ClassificationTask
 
     return ClassificationTask(text_columns, label_column)

@@ -46,7 +46,8 @@ import math
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +56,12 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from workbench import lora
-from workbench.config import ModelChoice
-from workbench.errors import ConfigError, DataError, ModelError
+from workbench.config import ModelChoice, TrainConfig
+from workbench.errors import DataError
+from workbench.tasks import enable_gradient_checkpointing, fingerprint, load_full_state, load_pretrained
 
+MERGED_DIR = "model_merged"  # beside model/ (the adapter) when merge_adapter is set
 IGNORE = -100  # label of a token that carries no loss (PyTorch cross_entropy's ignore_index)
-FINETUNE = ("lora", "qlora", "full")
-LOSS_ON = ("completion", "all")
-DATA_FORMATS = ("auto", "messages", "prompt_completion", "text")
 ROLES = ("system", "user", "assistant")
 CHECK_ROWS_SHOWN = 3  # bad rows named in a DataError
 
@@ -77,67 +77,8 @@ SIMPLE_TEMPLATE = (
 )
 
 
-# ------------------------------------------------------------------------- settings
-@dataclass
-class CausalLMSettings:
-    """What a causal-LM run needs beyond TrainConfig; validation names the field."""
-
-    task: str = "causal_lm"
-    finetune: str = "lora"  # lora | qlora (4-bit base, CUDA only) | full (every weight trains)
-    lora_r: int = 16  # adapter rank: trainable parameters grow linearly with it
-    lora_alpha: int = 32  # the update is scaled by alpha / r
-    lora_dropout: float = 0.05  # on the adapter's input, in [0, 1)
-    lora_target_modules: tuple[str, ...] | None = None  # leaf names; None: every linear layer but the head
-    loss_on: str = "completion"  # completion: assistant tokens only | all: every token
-    chat_template: str | None = None  # None: the tokenizer's own | "simple" | a Jinja template
-    data_format: str = "auto"  # auto | messages | prompt_completion | text
-    messages_column: str = "messages"
-    prompt_column: str = "prompt"
-    completion_column: str = "completion"
-    text_column: str = "text"
-    system_prompt: str | None = None  # a system message put before each prompt/completion pair
-    eval_generate: int = 0  # eval rows answered greedily for eval_exact_match; 0: off (it is slow)
-    eval_max_new_tokens: int = 64
-    merge_adapter: bool = False  # also write a merged model (base + adapter) at the end
-
-    def __post_init__(self) -> None:
-        if self.task != "causal_lm":
-            raise ConfigError("task", self.task, "'causal_lm' for these settings")
-        if self.finetune not in FINETUNE:
-            raise ConfigError("finetune", self.finetune, " | ".join(FINETUNE))
-        for name in ("lora_r", "lora_alpha", "eval_max_new_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(name, value, "a positive integer")
-        if not isinstance(self.eval_generate, int) or isinstance(self.eval_generate, bool) \
-                or self.eval_generate < 0:
-            raise ConfigError("eval_generate", self.eval_generate, "a non-negative integer (0: off)")
-        if not (isinstance(self.lora_dropout, (int, float)) and 0 <= self.lora_dropout < 1):
-            raise ConfigError("lora_dropout", self.lora_dropout, "a number in [0, 1)")
-        if isinstance(self.lora_target_modules, str):
-            self.lora_target_modules = (self.lora_target_modules,)
-        if self.lora_target_modules is not None:
-            self.lora_target_modules = tuple(self.lora_target_modules)
-            if not self.lora_target_modules or not all(
-                    isinstance(t, str) and t for t in self.lora_target_modules):
-                raise ConfigError("lora_target_modules", self.lora_target_modules,
-                                  "None (every linear layer but the head) or layer names like q_proj")
-        if self.loss_on not in LOSS_ON:
-            raise ConfigError("loss_on", self.loss_on, " | ".join(LOSS_ON))
-        if self.chat_template is not None and (
-                not isinstance(self.chat_template, str) or
-                (self.chat_template != "simple" and "{{" not in self.chat_template)):
-            raise ConfigError("chat_template", self.chat_template,
-                              "None (the tokenizer's own), 'simple', or a Jinja template with {{ ... }}")
-        if self.data_format not in DATA_FORMATS:
-            raise ConfigError("data_format", self.data_format, " | ".join(DATA_FORMATS))
-        for name in ("messages_column", "prompt_column", "completion_column", "text_column"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ConfigError(name, getattr(self, name), "a column name")
-
-
 # ---------------------------------------------------------------------- data checks
-def detect_format(columns: Sequence[str], settings: CausalLMSettings) -> str:
+def detect_format(columns: Sequence[str], settings: TrainConfig) -> str:
     """messages, prompt_completion or text, from the columns present (or as the settings say)."""
     if settings.data_format != "auto":
         return settings.data_format
@@ -171,7 +112,7 @@ def _message_problem(messages: Any, loss_on: str) -> str | None:
     return None
 
 
-def _row_problem(row: dict, fmt: str, settings: CausalLMSettings) -> str | None:
+def _row_problem(row: dict, fmt: str, settings: TrainConfig) -> str | None:
     if fmt == "messages":
         return _message_problem(row[settings.messages_column], settings.loss_on)
     if fmt == "text":
@@ -193,7 +134,7 @@ def _row_problem(row: dict, fmt: str, settings: CausalLMSettings) -> str | None:
     return None
 
 
-def to_messages(row: dict, fmt: str, settings: CausalLMSettings) -> list[dict]:
+def to_messages(row: dict, fmt: str, settings: TrainConfig) -> list[dict]:
     """A chat row or a prompt/completion row as a list of messages."""
     if fmt == "messages":
         return [{"role": m["role"], "content": m["content"]} for m in row[settings.messages_column]]
@@ -376,10 +317,10 @@ class CausalLMTask:
 
     name = "causal_lm"
 
-    def __init__(self, settings: CausalLMSettings | None = None, **overrides):
-        self.settings = settings or CausalLMSettings(**overrides)
-        if settings is not None and overrides:
-            self.settings = CausalLMSettings(**{**asdict(settings), **overrides})
+    def __init__(self, settings: TrainConfig | None = None, **overrides):
+        """``settings``: the run's TrainConfig (its causal_lm fields); ``overrides``: fields to change."""
+        self.settings = dataclasses.replace(settings or TrainConfig(task="causal_lm"), task="causal_lm",
+                                            **overrides)
         self.format: str | None = None
         self.model_name: str | None = None
         self.template_source: str | None = None  # tokenizer | simple | custom
@@ -388,6 +329,9 @@ class CausalLMTask:
         self.dropped: dict[str, int] = {}  # rows whose supervised tokens were all truncated away
         self.parameters: dict[str, int] = {}
         self.targets: list[str] = []
+        self.notes: list[tuple[str, str]] = []  # (text, level) from set-up, logged after "start"
+        self.data_fingerprint: str | None = None
+        self.eval_dataset: CausalLMDataset | None = None  # for the generation check
 
     # ---------------------------------------------------------------- data
     def check_data(self, splits) -> None:
@@ -426,11 +370,12 @@ class CausalLMTask:
             if bad:
                 raise DataError(f"The {split} split has rows that cannot be trained on: " + "; ".join(bad) + ".",
                                 "fix or drop those rows (datasets: ds.filter(...)) before training.")
+        self.data_fingerprint = fingerprint(splits["train"], needed)  # resume checks it is the same data
 
     def load_tokenizer(self, choice: ModelChoice):
         from transformers import AutoTokenizer
 
-        tokenizer = _load(AutoTokenizer, choice)
+        tokenizer = load_pretrained(AutoTokenizer, choice)
         if tokenizer.pad_token is None:  # padding is masked by the attention mask and labels anyway
             tokenizer.pad_token = tokenizer.eos_token
         chosen = self.settings.chat_template
@@ -456,8 +401,9 @@ class CausalLMTask:
         self.end_ids.discard(None)
         if self.format is None:
             self.check_data(splits)
-        return tuple(self._encode_split(splits[s], s, tokenizer, max_length)
-                     for s in ("train", "validation"))
+        train, self.eval_dataset = (self._encode_split(splits[s], s, tokenizer, max_length)
+                                    for s in ("train", "validation"))
+        return train, self.eval_dataset
 
     def _encode_split(self, ds, split: str, tokenizer, max_length: int) -> CausalLMDataset:
         settings, fmt = self.settings, self.format
@@ -509,14 +455,14 @@ class CausalLMTask:
                 getattr(config, "precision", "auto") != "fp32":
             # The base is frozen: no master weights or AdamW state needed, so 16-bit halves its memory.
             kwargs["dtype"] = _half_dtype()
-        model = _load(AutoModelForCausalLM, choice, **kwargs)
+        model = load_pretrained(AutoModelForCausalLM, choice, **kwargs)
         self.model_name = choice.name_or_path
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
         if checkpointing:
             model.config.use_cache = False  # the KV cache is useless in training and conflicts with recomputation
             if settings.finetune != "qlora":  # prepare_model_for_kbit_training does it for QLoRA
-                _enable_checkpointing(model)
+                enable_gradient_checkpointing(model)
         if settings.finetune == "full":
             self.targets = []
         else:
@@ -565,6 +511,12 @@ class CausalLMTask:
         loss = (summed.sum() / counts.sum().clamp(min=1)).item()
         return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0))}  # exp(50): overflow guard
 
+    def generation_metrics(self, model, tokenizer) -> dict[str, float]:
+        """``eval_exact_match`` on ``eval_generate`` eval rows; {} when that is 0 (the default)."""
+        if not self.settings.eval_generate or self.eval_dataset is None:
+            return {}
+        return self.generation_check(model, tokenizer, self.eval_dataset)
+
     def generation_check(self, model, tokenizer, dataset: CausalLMDataset, limit: int | None = None,
                          max_new_tokens: int | None = None) -> dict[str, float]:
         """``eval_exact_match``: greedy answers to the first ``limit`` eval prompts vs the references.
@@ -608,6 +560,23 @@ class CausalLMTask:
         tokenizer.save_pretrained(directory)
         return directory
 
+    def finish(self, model_dir: Path) -> list[tuple[str, str]]:
+        """With ``merge_adapter``: ``model_merged/`` beside ``model_dir``, the base with the adapter merged in."""
+        if not self.settings.merge_adapter:
+            return []
+        if self.settings.finetune == "full":
+            return [(f"merge_adapter: finetune='full' trains every weight, so {model_dir} is already a "
+                     "plain model; nothing to merge.", "info")]
+        from workbench.checkpoint import no_hf_progress_bars, write_dir_atomically
+
+        merged = model_dir.parent / MERGED_DIR
+        # 16-bit on a GPU (as the base trained), fp32 on the CPU
+        dtype = _half_dtype() if torch.cuda.is_available() else torch.float32
+        with no_hf_progress_bars():
+            write_dir_atomically(merged, lambda tmp: lora.merge_adapter_folder(model_dir, tmp, dtype=dtype))
+        return [(f"Merged model (base + adapter) saved in {merged}: "
+                 f"pipeline('text-generation', model={str(merged)!r}) loads it.", "info")]
+
     def merge_and_save(self, model, tokenizer, directory: str | os.PathLike) -> Path:
         """A plain model folder with the adapter merged in; ``pipeline("text-generation", model=...)`` loads it."""
         model = _unwrap(model)
@@ -627,14 +596,7 @@ class CausalLMTask:
         if lora.is_peft(model):
             lora.load_adapter_state(model, state)
             return
-        # strict=False: safetensors drops tied duplicates; anything else missing is an error.
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-        missing = [k for k in missing if k not in tied]
-        if missing or unexpected:
-            raise ModelError(f"The checkpoint's weights do not fit this model (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]}).",
-                             "resume with the model and finetune setting the run was started with.")
+        load_full_state(model, state, "resume with the model and finetune setting the run was started with.")
 
     checkpoint_state = model_state  # the names of the issue's brief
     load_checkpoint_state = load_model_state
@@ -643,6 +605,7 @@ class CausalLMTask:
         """Facts that make a run this run, for the run record (and a resume check)."""
         s = self.settings
         facts = {"task": self.name, "model": self.model_name, "finetune": s.finetune,
+                 "data_fingerprint": self.data_fingerprint,
                  "data_format": self.format, "loss_on": s.loss_on, "chat_template": self.template_source,
                  "parameters": dict(self.parameters), "padding_free": self.padding_free,
                  "dropped_rows": dict(self.dropped)}
@@ -659,37 +622,8 @@ def _half_dtype() -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
 
 
-def _enable_checkpointing(model) -> None:
-    # Non-reentrant: works with DDP and with frozen inputs. transformers 5 renamed the method;
-    # the old name warns. (Same as workbench.tasks.enable_gradient_checkpointing in the engine.)
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
 def _unwrap(model):
     # DDP/FSDP/torch.compile wrappers keep the real model in .module / ._orig_mod
     while hasattr(model, "module") or hasattr(model, "_orig_mod"):
         model = getattr(model, "module", None) or model._orig_mod
     return model
-
-
-def _load(auto_class, choice: ModelChoice, **kwargs):
-    """from_pretrained on a folder, hub id or GGUF file (converted once, then cached)."""
-    source = choice.name_or_path
-    if str(source).endswith(".gguf"):
-        from workbench.gguf import convert_gguf
-
-        source = str(convert_gguf(source))
-    try:
-        return auto_class.from_pretrained(source, revision=choice.revision, **kwargs)
-    except Exception as exc:  # OSError, ValueError, HF hub errors: all mean "cannot load this"
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        fix = "check the name on https://huggingface.co/models, or pass a local folder with config.json"
-        if offline:
-            fix = ("offline mode (HF_HUB_OFFLINE=1) only finds cached models and local folders: "
-                   "download it once online (hf download NAME) or pass a local folder")
-        raise ModelError(f"Cannot load model {choice.name_or_path!r}: {reason}", fix) from None

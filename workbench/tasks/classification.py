@@ -18,11 +18,10 @@ import torch.nn.functional as F
 from workbench import batching, model_checks
 from workbench.config import ModelChoice, TrainConfig
 from workbench.data import check_split
-from workbench.errors import DataError, ModelError
-from workbench.hub import OFFLINE_FIX, is_offline
+from workbench.errors import DataError
 from workbench.metrics import classification_metrics
 from workbench.results import LABELS_FILE
-from workbench.tasks import fingerprint
+from workbench.tasks import enable_gradient_checkpointing, fingerprint, load_full_state, load_pretrained
 
 
 class ClassificationTask:
@@ -92,6 +91,8 @@ class ClassificationTask:
             )
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
+        if getattr(config, "gradient_checkpointing", False):
+            enable_gradient_checkpointing(model)
         self.notes = [(notice.message, "info")] if notice.message else []
         # An empty or foreign tokenizer trains on [UNK]s to chance accuracy: refuse or warn.
         self.notes += [(w, "warn") for w in model_checks.check_tokenizer(tokenizer, model.config,
@@ -112,19 +113,16 @@ class ClassificationTask:
         loss, predictions, labels = (torch.cat(parts) for parts in zip(*outputs, strict=True))
         return classification_metrics(predictions, labels, len(self.labels.names), loss.mean().item())
 
+    def generation_metrics(self, model, tokenizer) -> dict[str, float]:
+        return {}
+
     # -- saving ---------------------------------------------------------------------
     def model_state(self, model) -> dict[str, torch.Tensor]:
         return model.state_dict()
 
     def load_model_state(self, model, state: dict[str, torch.Tensor]) -> None:
-        # strict=False: safetensors drops tied duplicates; anything else missing is an error.
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-        missing = [k for k in missing if k not in tied]
-        if missing or unexpected:
-            raise ModelError(f"The checkpoint's weights do not fit this model (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]}).",
-                             "resume with the model the run was started with, or start over with resume=None.")
+        load_full_state(model, state, "resume with the model the run was started with, or start over "
+                                      "with resume=None.")
 
     def save_model(self, model, tokenizer, directory: Path, state_dict: dict | None = None) -> None:
         model.save_pretrained(directory, state_dict=state_dict)
@@ -133,18 +131,9 @@ class ClassificationTask:
                    "values": [str(v) for v in self.labels.values]}
         (directory / LABELS_FILE).write_text(json.dumps(mapping, indent=2) + "\n", encoding="utf-8")
 
+    def finish(self, model_dir: Path) -> list[tuple[str, str]]:
+        return []
+
     def identity(self) -> dict:
         return {"task": self.name, "text_columns": list(self.text_columns), "label_column": self.label_column,
                 "labels": list(self.labels.names), "data_fingerprint": self.data_fingerprint}
-
-
-def load_pretrained(auto_class, choice: ModelChoice, **kwargs):
-    """``auto_class.from_pretrained`` with every failure turned into a ModelError with a fix."""
-    try:
-        return auto_class.from_pretrained(choice.name_or_path, revision=choice.revision, **kwargs)
-    except Exception as exc:  # OSError, ValueError, HF hub errors: all mean "cannot load this"
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        fix = "check the name on https://huggingface.co/models, or pass a local folder with config.json"
-        if is_offline():
-            fix = OFFLINE_FIX
-        raise ModelError(f"Cannot load model {choice.name_or_path!r}: {reason}", fix) from None
