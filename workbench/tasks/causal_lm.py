@@ -42,11 +42,11 @@ the next split is the data encoding apart from the task object.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import warnings
 from collections.abc import Sequence
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,12 @@ from torch.utils.data import Dataset
 from workbench import lora
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import DataError
-from workbench.tasks import enable_gradient_checkpointing, fingerprint, load_full_state, load_pretrained
+from workbench.tasks import (
+    enable_gradient_checkpointing,
+    fingerprint,
+    load_full_state,
+    load_pretrained,
+)
 
 MERGED_DIR = "model_merged"  # beside model/ (the adapter) when merge_adapter is set
 IGNORE = -100  # label of a token that carries no loss (PyTorch cross_entropy's ignore_index)

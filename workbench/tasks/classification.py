@@ -21,7 +21,12 @@ from workbench.data import check_split
 from workbench.errors import DataError
 from workbench.metrics import classification_metrics
 from workbench.results import LABELS_FILE
-from workbench.tasks import enable_gradient_checkpointing, fingerprint, load_full_state, load_pretrained
+from workbench.tasks import (
+    enable_gradient_checkpointing,
+    fingerprint,
+    load_full_state,
+    load_pretrained,
+)
 
 
 class ClassificationTask:
