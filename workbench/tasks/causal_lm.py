@@ -340,7 +340,12 @@ class CausalLMTask:
 
     # ---------------------------------------------------------------- data
     def check_data(self, splits) -> None:
-        """Everything that can be wrong with the rows, found before any model is loaded."""
+        """Everything that can be wrong with the rows, found before any model is loaded.
+
+        A QLoRA run on a machine that cannot do it is refused here too: before any folder is
+        made or any model downloaded."""
+        if self.settings.finetune == "qlora":
+            lora.require_qlora_support()
         if not hasattr(splits, "keys"):
             raise DataError(f"data must be a DatasetDict with 'train' and 'validation' splits, "
                             f"not {type(splits).__name__}.",
