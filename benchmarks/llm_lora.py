@@ -7,10 +7,10 @@ LoRA r=16 / alpha 32 / no dropout on every attention and MLP projection, the sam
 batch size, max length, steps, learning rate (constant, AdamW, no weight decay,
 gradient clipping at 1.0), fp32 on CPU, loss on the answer tokens only:
 
-  (a) workbench    ``CausalLMTask``: datasets, dynamic-padding collator and the loss
-                   that computes the LM head only where loss is taken, in a plain
-                   length-grouped loop. TODO(engine seam, issue 9): switch this variant
-                   to ``workbench.fit(task="causal_lm")`` once the loop takes tasks.
+  (a) workbench    ``workbench.fit(task="causal_lm")`` as a user calls it: length-grouped
+                   batches, dynamic padding, and the loss that computes the LM head only
+                   where loss is taken; its event log, checkpoint and final save included
+                   in the run but outside the clock (start event -> last train event).
   (b) trl          ``SFTTrainer`` as its quick start uses it (random sampler, padding
                    to the batch's longest row), with prompt/completion data so that
                    ``completion_only_loss`` masks the prompt (``assistant_only_loss``
@@ -108,46 +108,54 @@ def eval_loss(model, tokenizer, eval_rows, max_length: int) -> float:
 
 
 def run_workbench(args, train_rows, eval_rows, path: Path) -> dict:
+    """``workbench.fit(task="causal_lm")`` as a user calls it; the clock runs from its ``start``
+    event (model loaded, data tokenized) to the ``train`` event of the last step."""
     from datasets import Dataset, DatasetDict
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workbench.batching import LengthGroupedBatchSampler
-    from workbench.config import ModelChoice, TrainConfig
+    import workbench
     from workbench.tasks.causal_lm import CausalLMTask
 
-    torch.manual_seed(args.seed)
-    task = CausalLMTask(lora_r=16, lora_alpha=32, lora_dropout=0.0, lora_target_modules=TARGETS)
-    splits = DatasetDict({"train": Dataset.from_list(train_rows), "validation": Dataset.from_list(eval_rows)})
-    task.check_data(splits)
-    choice = ModelChoice(str(path))
-    tokenizer = task.load_tokenizer(choice)
-    model = task.build_model(choice, tokenizer, TrainConfig(precision="fp32"))
-    train, _ = task.datasets(splits, tokenizer, args.max_length, model)
-    collate = task.collator(tokenizer)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    sampler = LengthGroupedBatchSampler(train.lengths, args.batch_size, seed=args.seed)
-    real = total = steps = epoch = 0
-    model.train()
+    counts = {"real": 0, "total": 0}
+    original_collator = CausalLMTask.collator
+
+    def counting_collator(self, tokenizer):  # num_workers=0 on CPU: batches are built in this process
+        inner = original_collator(self, tokenizer)
+
+        def collate(features):
+            batch = inner(features)
+            counts["real"] += int(batch["attention_mask"].sum())
+            counts["total"] += batch["attention_mask"].numel()
+            return batch
+        return collate
+
+    CausalLMTask.collator = counting_collator
+    if args.variant == "s":  # the LM head at every position, as model(**batch).loss computes it
+        CausalLMTask.loss = lambda self, model, batch: model(**batch).loss
+    marks: dict[str, float] = {}
     with RssSampler() as rss:
-        start = time.perf_counter()
-        while steps < args.steps:
-            sampler.set_epoch(epoch)
-            for indices in sampler:
-                batch = collate([train[i] for i in indices])
-                real += int(batch["attention_mask"].sum())
-                total += batch["attention_mask"].numel()
-                loss = model(**batch).loss if args.variant == "s" else task.loss(model, batch)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                steps += 1
-                if steps == args.steps:
-                    break
-            epoch += 1
-        seconds = time.perf_counter() - start
-    return dict(seconds=seconds, real_tokens=real, batch_tokens=total, train_peak_rss=rss.peak,
-                eval_loss=eval_loss(model, tokenizer, eval_rows, args.max_length))
+        def listener(event):
+            if event["kind"] == "start":
+                marks["start"], rss.peak = time.perf_counter(), 0
+                counts.update(real=0, total=0)
+            elif event["kind"] == "train" and event["step"] == args.steps:
+                marks["end"], marks["peak"] = time.perf_counter(), rss.peak
+                marks.update(real=counts["real"], total=counts["total"])  # before the eval batches
+
+        splits = DatasetDict({"train": Dataset.from_list(train_rows), "validation": Dataset.from_list(eval_rows)})
+        out = Path(args.workdir) / f"workbench-{args.variant}"
+        workbench.fit(str(path), splits, task="causal_lm", output_dir=str(out), resume=None,
+                      lora_r=16, lora_alpha=32, lora_dropout=0.0, lora_target_modules=TARGETS,
+                      learning_rate=args.lr, scheduler="constant", warmup_ratio=0.0, weight_decay=0.0,
+                      max_grad_norm=1.0, precision="fp32", batch_size=args.batch_size, max_steps=args.steps,
+                      max_length=args.max_length, seed=args.seed, log_every=args.steps,
+                      listeners=[listener])
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+                                      out / "model")
+    return dict(seconds=marks["end"] - marks["start"], real_tokens=marks["real"], batch_tokens=marks["total"],
+                train_peak_rss=marks["peak"], eval_loss=eval_loss(model, tokenizer, eval_rows, args.max_length))
 
 
 def run_trl(args, train_rows, eval_rows, path: Path, variant: str) -> dict:

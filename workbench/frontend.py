@@ -11,7 +11,7 @@ plain lines. ``progress="none"`` shows nothing (the event log is still written).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from workbench import distributed, progress
 from workbench.config import ModelChoice, TrainConfig
@@ -44,18 +44,20 @@ def make_view(mode: str = "auto", **kwargs) -> Progress:
 
 def fit(model: str | ModelChoice, data, config: TrainConfig | None = None, *,
         text_columns: Sequence[str] | None = None, label_column: str | None = None,
-        progress: str = "auto", **overrides) -> FitResult:
+        progress: str = "auto", listeners: Sequence[Callable[[dict], None]] = (),
+        **overrides) -> FitResult:
     """Fine-tune ``model`` on ``data`` and show the run as it goes (see ``workbench.train.fit``).
 
     ``progress``: "auto" (a live chart in a notebook, lines elsewhere), "notebook",
-    "console" or "none".
+    "console" or "none". ``listeners``: your own callables, given every event (a dict)
+    beside the view (to log elsewhere, or stop on a condition of your own).
     """
     from workbench import train
 
     view = make_view(progress)
     try:
         return train.fit(model, data, config, text_columns=text_columns, label_column=label_column,
-                         listeners=[] if progress == "none" else [view], **overrides)
+                         listeners=[*listeners, *([] if progress == "none" else [view])], **overrides)
     finally:
         view.close()
 
