@@ -43,9 +43,9 @@ Accuracy: ``tests/test_models.py`` compares the estimate with the measured peak 
 real training step of a BERT-like model on CPU (within 35 %), ``tests/gpu/test_vram_gpu.py``
 with ``torch.cuda.max_memory_allocated`` (within 25 %).
 
-Why one module of ~800 lines: discovery (folders, cache, packages), config facts and
-the VRAM estimates read the same configs; the causal-LM estimate was added beside the
-classifier's. The next split is discovery apart from the estimates.
+Why one module of ~900 lines: discovery (folders, cache, packages), config facts and
+the VRAM estimates read the same configs; the causal-LM estimate and its fit check
+were added beside the classifier's. The next split is discovery apart from the estimates.
 """
 
 from __future__ import annotations
