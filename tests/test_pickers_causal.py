@@ -114,7 +114,8 @@ def test_classifier_keeps_todays_view(models_dir, tiny_llama_dir):
     picker.select(str(tiny_llama_dir))  # a decoder after a classifier: the causal view
     assert picker.task == "causal_lm" and "wb-causal-estimate" in picker.estimate.value
     picker.task = "classification"  # the user wants a classifier on the decoder: today's view
-    assert picker.fit is not None and "wb-causal" not in picker.details.value + picker.estimate.value
+    assert picker.fit is not None and picker.causal_fit is None
+    assert "wb-causal" not in picker.details.value + picker.estimate.value
 
     picker.select(str(models_dir / "tiny-bert"))
     picker.task_box.value = "causal_lm"  # an encoder asked to be a causal LM: said, not estimated

@@ -207,6 +207,7 @@ class ModelPicker(widgets.VBox):
         if self.task == "causal_lm":
             self._update_causal_estimate()
             return
+        self.causal_fit = None
         try:
             self.fit = models.check_fit(
                 self.info, batch_size=self.batch_size, seq_len=self.seq_len,
@@ -372,7 +373,7 @@ class DatasetPicker(widgets.VBox):
         self.text_columns, self.label_column = tuple(text_guess), label_guess or ""
         ds = self.raw[train]
         self.preview.value = table_html(data.preview_rows(ds, self._preview_rows), columns,
-                                         data.column_types(ds))
+                                        data.column_types(ds))
         self.fraction_box.disabled = bool(eval_default)
         self.chat.set_rows(ds)
         if find_chat_columns(ds):
@@ -405,7 +406,7 @@ class DatasetPicker(widgets.VBox):
         counts = data.label_distribution(self.checked, choice.label_column)
         self.distribution.value = note_html(
             rows + "\nLabels: " + "; ".join(f"{s}: " + ", ".join(f"{k} {v}" for k, v in c.items())
-                                       for s, c in counts.items()))
+                                             for s, c in counts.items()))
         self.chart.value = label_chart_png(counts)
         return True
 
