@@ -106,3 +106,23 @@ def test_chat_template_unknown_without_tokenizer_files(tmp_path):
     assert has_chat_template(str(tmp_path)) is None
     (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
     assert has_chat_template(str(tmp_path)) is False
+
+
+@pytest.mark.parametrize("model_type, architectures, expected", [
+    ("llama", ["LlamaForCausalLM"], True),
+    ("gpt2", ["GPT2LMHeadModel"], True),  # a decoder family: its LM head counts
+    ("qwen2", [], True),  # no architectures: the model type decides
+    ("llama", ["LlamaForSequenceClassification"], False),  # a decoder fine-tuned as a classifier
+    ("bert", ["BertLMHeadModel"], False),  # an encoder with an LM head is not a causal LM here
+    ("bert", ["BertForSequenceClassification"], False),
+    ("roberta", ["RobertaForCausalLM"], True),  # what the config says it is
+])
+def test_is_causal_lm(model_type, architectures, expected):
+    from workbench.models import ModelInfo, is_causal_lm
+
+    info = ModelInfo(name_or_path="x", source="folder", model_type=model_type,
+                     architecture=architectures[0] if architectures else model_type, num_parameters=1,
+                     parameter_method="", hidden_size=None, num_layers=None, num_attention_heads=None,
+                     intermediate_size=None, max_position_embeddings=None, vocab_size=None,
+                     supports_sequence_classification=True, config={"architectures": architectures})
+    assert is_causal_lm(info) is expected

@@ -43,9 +43,9 @@ Accuracy: ``tests/test_models.py`` compares the estimate with the measured peak 
 real training step of a BERT-like model on CPU (within 35 %), ``tests/gpu/test_vram_gpu.py``
 with ``torch.cuda.max_memory_allocated`` (within 25 %).
 
-Why one module of ~800 lines: discovery (folders, cache, packages), config facts and
-the VRAM estimates read the same configs; the causal-LM estimate was added beside the
-classifier's. The next split is discovery apart from the estimates.
+Why one module of ~900 lines: discovery (folders, cache, packages), config facts and
+the VRAM estimates read the same configs; the causal-LM estimate and its fit check
+were added beside the classifier's. The next split is discovery apart from the estimates.
 """
 
 from __future__ import annotations
@@ -824,3 +824,68 @@ def compare_finetune_modes(model, **settings) -> dict[str, CausalVramEstimate]:
                                        precision="bf16" if mode == "qlora" and precision == "fp32" else precision,
                                        **settings)
             for mode in FINETUNE_MODES}
+
+
+# Decoder-only model types: a checkpoint of one of these (base model or LM head) is a causal LM
+# even when config.architectures is missing or names only the base model (LlamaModel).
+DECODER_FAMILIES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+    "gemma3_text", "phi", "phi3", "gpt2", "gpt_neo", "gpt_neox", "gptj", "falcon", "olmo", "olmo2",
+    "starcoder2", "stablelm", "granite", "cohere", "smollm3", "opt", "bloom", "mpt", "codegen",
+    "deepseek_v2", "deepseek_v3", "internlm2", "nemotron", "persimmon",
+})
+# Heads that make a decoder checkpoint something other than a language model.
+_OTHER_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+
+
+def is_causal_lm(info: ModelInfo) -> bool:
+    """True for a causal LM: an architecture ending in ForCausalLM, or a decoder-only model type
+    whose checkpoint carries no classification head."""
+    architectures = info.config.get("architectures") or [info.architecture]
+    if any(a.endswith("ForCausalLM") for a in architectures):
+        return True
+    return info.model_type in DECODER_FAMILIES and not any(a.endswith(_OTHER_HEADS) for a in architectures)
+
+
+@dataclass(frozen=True)
+class CausalFitCheck:
+    """Full, LoRA and QLoRA, each with and without gradient checkpointing, against free memory."""
+
+    estimates: dict[tuple[str, bool], CausalVramEstimate]  # (finetune mode, gradient checkpointing)
+    free_bytes: int | None  # None: no GPU to compare with
+    gpu_name: str | None
+
+    def fits(self, finetune: str, gradient_checkpointing: bool) -> bool | None:
+        """None without a GPU to compare with."""
+        if self.free_bytes is None:
+            return None
+        return self.estimates[(finetune, gradient_checkpointing)].total_bytes <= self.free_bytes
+
+    @property
+    def fitting_modes(self) -> list[str]:
+        """The modes that fit, with gradient checkpointing if that is what it takes."""
+        return [mode for mode in FINETUNE_MODES if self.fits(mode, True) or self.fits(mode, False)]
+
+
+def check_causal_fit(info: ModelInfo, *, batch_size: int, seq_len: int, precision: str = "auto",
+                     lora_r: int = 16, lora_dropout: float = 0.05, free_bytes: int | None = None,
+                     gpu_name: str | None = None, device_index: int = 0, nvml: Any = None) -> CausalFitCheck:
+    """Price the run as full / LoRA / QLoRA, with and without checkpointing, next to the GPU's free memory.
+
+    ``free_bytes`` given: compare with it; otherwise ask workbench.gpu about GPU ``device_index``.
+    "auto" precision resolves as a run on that GPU would (no GPU: fp32; QLoRA is priced at bf16).
+    """
+    device = None
+    if free_bytes is None:
+        free_bytes, gpu_name, device = _free_memory(device_index, nvml)
+    from transformers import AutoConfig
+
+    resolved = resolve_precision_name(precision, device)
+    config = AutoConfig.for_model(**info.config)
+    estimates = {}
+    for checkpointing in (False, True):
+        for mode, est in compare_finetune_modes(
+                config, batch_size=batch_size, seq_len=seq_len, precision=resolved, lora_r=lora_r,
+                lora_dropout=lora_dropout, gradient_checkpointing=checkpointing).items():
+            estimates[(mode, checkpointing)] = est
+    return CausalFitCheck(estimates, free_bytes, gpu_name)

@@ -9,14 +9,17 @@ so a notebook never shows a traceback for a wrong path or column.
     p = pickers()            # display it, choose, then:
     spec = p.run_spec()      # RunSpec(model, data, train) for fit() or RunSpec.save()
 
-Why ~530 lines: two pickers and the combined one share their helpers (HTML tables,
-error boxes, the export); each picker is one class.
+Causal LMs: the model picker shows decoder facts and full / LoRA / QLoRA memory, the
+dataset picker recognises chat and prompt/completion data and previews the tokens
+that carry loss; those views live in workbench.widgets.causal_views, the HTML pieces
+in workbench.widgets.html_blocks. Here: the controls, the events and the export.
+
+Why ~600 lines: two pickers and the combined one, each one class, share the export.
 """
 
 from __future__ import annotations
 
 import html
-import io
 import shlex
 from pathlib import Path
 from typing import Any
@@ -27,35 +30,17 @@ import traitlets
 from workbench import data, models
 from workbench.config import PRECISIONS, DatasetChoice, ModelChoice, RunSpec, TrainConfig
 from workbench.errors import DataError, WorkbenchError
+from workbench.widgets.causal_views import (
+    ChatDataView,
+    causal_estimate_html,
+    causal_model_html,
+    find_chat_columns,
+)
+from workbench.widgets.html_blocks import WARNING, error_html, note_html, table_html
+from workbench.widgets.label_chart import label_chart_png
 
 NOTEBOOK = "notebooks/01_quickstart.ipynb"  # the notebook the papermill line runs
-
-
-def _error_html(error: BaseException) -> str:
-    if isinstance(error, WorkbenchError):
-        fix = f"<br><b>What to do:</b> {html.escape(error.fix)}" if error.fix else ""
-        return (f"<div style='color:#b00020'><b>Error:</b> "
-                f"{html.escape(error.message).replace(chr(10), '<br>')}{fix}</div>")
-    # not one of ours: still one readable line, never a traceback
-    return (f"<div style='color:#b00020'><b>Unexpected error</b> ({type(error).__name__}): "
-            f"{html.escape(str(error))}<br><b>What to do:</b> check the inputs above; if they look"
-            " right, report this with the message.</div>")
-
-
-def _note_html(text: str, color: str = "#333") -> str:
-    return f"<div style='color:{color}'>{html.escape(text).replace(chr(10), '<br>')}</div>"
-
-
-def _table_html(rows: list[dict[str, Any]], columns: list[str], types: dict[str, str]) -> str:
-    def cell(value: Any) -> str:
-        text = str(value)
-        return html.escape(text if len(text) <= 80 else text[:77] + "...")
-
-    head = "".join(f"<th>{html.escape(c)}<br><small>{html.escape(types.get(c, ''))}</small></th>"
-                   for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c))}</td>" for c in columns) + "</tr>"
-                   for r in rows)
-    return f"<table class='wb-preview'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+TASK_OPTIONS = [("Classification", "classification"), ("Causal LM", "causal_lm")]
 
 
 # ---------------------------------------------------------------- model picker
@@ -65,11 +50,16 @@ class ModelPicker(widgets.VBox):
     """Pick a discovered model or type a hub id / folder; see its config and memory estimate.
 
     State (traitlets): ``name_or_path``, ``precision``, ``batch_size``, ``seq_len``,
-    ``gradient_checkpointing``. ``info`` is the selected ModelInfo (None until one loads),
-    ``fit`` the latest models.FitCheck.
+    ``gradient_checkpointing``, ``task`` (classification | causal_lm: set from the chosen
+    model, changeable) and ``finetune`` (full | lora | qlora, causal LMs). ``info`` is the
+    selected ModelInfo (None until one loads); ``fit`` the latest models.FitCheck
+    (classification), ``causal_fit`` the latest models.CausalFitCheck and ``facts`` the
+    models.CausalFacts (causal LM).
     """
 
     name_or_path = traitlets.Unicode("")
+    task = traitlets.Unicode("classification")
+    finetune = traitlets.Unicode("lora")
     precision = traitlets.Unicode("auto")
     batch_size = traitlets.Int(16)
     seq_len = traitlets.Int(256)
@@ -80,8 +70,11 @@ class ModelPicker(widgets.VBox):
         self._device_index = device_index
         self._nvml = nvml
         self._free_bytes = free_bytes  # fixed free memory (tests, what-if); None: ask the GPU
+        self._selecting = False  # True while a new model sets task and length
         self.info: models.ModelInfo | None = None
         self.fit: models.FitCheck | None = None
+        self.causal_fit: models.CausalFitCheck | None = None
+        self.facts: models.CausalFacts | None = None
         self.entries = models.list_models()
         self.found = widgets.Dropdown(
             options=[("(choose a model)", "")] + [(f"{e.name}  [{e.source}]", e.name_or_path)
@@ -95,28 +88,35 @@ class ModelPicker(widgets.VBox):
         self.batch_box = widgets.BoundedIntText(value=16, min=1, max=4096, description="Batch")
         self.seq_box = widgets.BoundedIntText(value=256, min=8, max=131072, description="Max length")
         self.checkpointing_box = widgets.Checkbox(value=False, description="Gradient checkpointing")
+        self.task_box = widgets.ToggleButtons(options=TASK_OPTIONS, value="classification")
+        self.finetune_box = widgets.Dropdown(options=[("LoRA", "lora"), ("QLoRA (4-bit base)", "qlora"),
+                                                      ("Full", "full")], value="lora", description="Fine-tune")
+        self.finetune_box.layout.display = "none"  # causal LMs only
         self.details = widgets.HTML()
         self.estimate = widgets.HTML()
         self.message = widgets.HTML()
         super().__init__([
-            widgets.HTML("<b>Model</b>"), self.found, self.typed,
+            widgets.HTML("<b>Model</b>"), self.found, self.typed, self.task_box,
             widgets.HBox([self.precision_box, self.batch_box, self.seq_box]),
-            self.checkpointing_box, self.details, self.estimate, self.message,
+            widgets.HBox([self.checkpointing_box, self.finetune_box]), self.details, self.estimate, self.message,
         ], **kwargs)
         # widget -> trait, both ways, so code and mouse can set either
         widgets.link((self.precision_box, "value"), (self, "precision"))
         widgets.link((self.batch_box, "value"), (self, "batch_size"))
         widgets.link((self.seq_box, "value"), (self, "seq_len"))
         widgets.link((self.checkpointing_box, "value"), (self, "gradient_checkpointing"))
+        widgets.link((self.task_box, "value"), (self, "task"))
+        widgets.link((self.finetune_box, "value"), (self, "finetune"))
         self.found.observe(self._on_found, "value")
         self.typed.observe(self._on_typed, "value")
         self.observe(self._on_settings, ["precision", "batch_size", "seq_len",
-                                         "gradient_checkpointing"])
+                                         "gradient_checkpointing", "finetune"])
+        self.observe(self._on_task, "task")
         self.observe(self._on_name, "name_or_path")
         if not self.entries:
-            self.message.value = _note_html(
+            self.message.value = note_html(
                 "No local models found (models folder, installed packages, Hugging Face cache). "
-                "Type a hub id, or set WORKBENCH_MODELS to a folder of saved models.", "#8a6d00")
+                "Type a hub id, or set WORKBENCH_MODELS to a folder of saved models.", WARNING)
 
     # -- public
 
@@ -142,26 +142,54 @@ class ModelPicker(widgets.VBox):
             self.name_or_path = change["new"].strip()
 
     def _on_name(self, change) -> None:
-        self.info, self.fit = None, None
+        self.info, self.fit, self.causal_fit, self.facts = None, None, None, None
         self.details.value = self.estimate.value = self.message.value = ""
         self._show_name(change["new"])
         if not change["new"]:
             return
         try:
             self.info = models.model_info(change["new"])
+            if models.is_causal_lm(self.info):
+                from transformers import AutoConfig
+
+                self.facts = models.causal_facts(AutoConfig.for_model(**self.info.config), change["new"])
         except Exception as e:  # every failure lands in the message area
-            self.message.value = _error_html(e)
+            self.info, self.facts = None, None
+            self.message.value = error_html(e)
             return
         info = self.info
-        self.details.value = _note_html(info.summary() + f"\nParameters: {info.parameter_method}.")
-        if not info.supports_sequence_classification:
-            self.message.value = _note_html(
-                f"{info.model_type} has no sequence-classification head in transformers; choose an "
-                "encoder such as BERT, RoBERTa or DeBERTa for text classification.", "#8a6d00")
-        if info.max_position_embeddings and self.seq_len > info.max_position_embeddings:
-            self.seq_len = info.max_position_embeddings  # triggers the estimate
+        self._selecting = True  # the task and length observers wait: one estimate below, not three
+        try:
+            self.task = "causal_lm" if self.facts else "classification"
+            if info.max_position_embeddings and self.seq_len > info.max_position_embeddings:
+                self.seq_len = info.max_position_embeddings
+        finally:
+            self._selecting = False
+        self._show_task()
+
+    def _on_task(self, change) -> None:
+        self.finetune_box.layout.display = None if change["new"] == "causal_lm" else "none"
+        if self.info is not None and not self._selecting:
+            self._show_task()
+
+    def _show_task(self) -> None:
+        """Details, notes and estimate of the selected model for the chosen task."""
+        info = self.info
+        self.finetune_box.layout.display = None if self.task == "causal_lm" else "none"
+        self.message.value = ""
+        if self.task == "causal_lm" and self.facts is not None:
+            self.details.value = causal_model_html(info, self.facts)
         else:
-            self._update_estimate()
+            self.details.value = note_html(info.summary() + f"\nParameters: {info.parameter_method}.")
+        if self.task == "causal_lm" and self.facts is None:
+            self.message.value = note_html(
+                f"{info.architecture} ({info.model_type}) is not a causal language model; choose a decoder "
+                "such as Llama, Qwen or SmolLM, or switch the task to classification.", WARNING)
+        elif self.task == "classification" and not info.supports_sequence_classification:
+            self.message.value = note_html(
+                f"{info.model_type} has no sequence-classification head in transformers; choose an "
+                "encoder such as BERT, RoBERTa or DeBERTa for text classification.", WARNING)
+        self._update_estimate()
 
     def _show_name(self, name: str) -> None:
         """Show the selection in the list or the text box, whichever holds it, so a model
@@ -172,10 +200,14 @@ class ModelPicker(widgets.VBox):
         self.typed.value = "" if listed or not name else name
 
     def _on_settings(self, change) -> None:
-        if self.info is not None:
+        if self.info is not None and not self._selecting:
             self._update_estimate()
 
     def _update_estimate(self) -> None:
+        if self.task == "causal_lm":
+            self._update_causal_estimate()
+            return
+        self.causal_fit = None
         try:
             self.fit = models.check_fit(
                 self.info, batch_size=self.batch_size, seq_len=self.seq_len,
@@ -184,10 +216,25 @@ class ModelPicker(widgets.VBox):
                 device_index=self._device_index, nvml=self._nvml)
         except Exception as e:
             self.fit = None
-            self.estimate.value = _error_html(e)
+            self.estimate.value = error_html(e)
             return
         color = {True: "#1b5e20", False: "#b00020", None: "#333"}[self.fit.fits]
-        self.estimate.value = _note_html(self.fit.message, color)
+        self.estimate.value = note_html(self.fit.message, color)
+
+    def _update_causal_estimate(self) -> None:
+        self.fit, self.causal_fit = None, None
+        if self.facts is None:  # not a decoder: the message says so
+            self.estimate.value = ""
+            return
+        try:
+            self.causal_fit = models.check_causal_fit(
+                self.info, batch_size=self.batch_size, seq_len=self.seq_len, precision=self.precision,
+                free_bytes=self._free_bytes, gpu_name="the GPU" if self._free_bytes else None,
+                device_index=self._device_index, nvml=self._nvml)
+        except Exception as e:
+            self.estimate.value = error_html(e)
+            return
+        self.estimate.value = causal_estimate_html(self.causal_fit, self.finetune, self.gradient_checkpointing)
 
 
 def model_picker(**kwargs: Any) -> ModelPicker:
@@ -204,6 +251,11 @@ class DatasetPicker(widgets.VBox):
     State (traitlets): ``source``, ``path``, ``config_name``, ``train_split``,
     ``eval_split``, ``text_columns``, ``label_column``, ``validation_fraction``, ``seed``.
     ``load()`` reads the source; ``check()`` runs data.load_choice exactly as a run will.
+
+    Causal LM (``task="causal_lm"``, set by ``load()`` when the data holds chats or
+    prompt/completion pairs): no label column; ``chat`` (a ChatDataView) picks the
+    format and columns and shows the first example through the tokenizer of
+    ``model_name`` with the tokens that carry loss highlighted, cut at ``max_length``.
     """
 
     source = traitlets.Unicode("files")
@@ -215,6 +267,9 @@ class DatasetPicker(widgets.VBox):
     label_column = traitlets.Unicode("")
     validation_fraction = traitlets.Float(0.1)
     seed = traitlets.Int(42)
+    task = traitlets.Unicode("classification")
+    model_name = traitlets.Unicode("")  # whose chat template renders the causal-LM preview
+    max_length = traitlets.Int(256)  # tokens kept per row (the model picker's max length)
 
     def __init__(self, preview_rows: int = 5, **kwargs: Any):
         self._preview_rows = preview_rows
@@ -245,14 +300,18 @@ class DatasetPicker(widgets.VBox):
             lambda change: setattr(self.chart.layout, "display", None if change["new"] else "none"),
             "value")
         self.message = widgets.HTML()
+        self.task_box = widgets.ToggleButtons(options=TASK_OPTIONS, value="classification")
+        self.chat = ChatDataView()
+        self.chat.layout.display = "none"
+        self.label_columns = widgets.HBox([self.text_box, self.label_box])  # classification only
         for box in (self.path_box, self.config_box, self.train_box, self.eval_box, self.text_box,
                     self.label_box, self.fraction_box, self.seed_box):
             box.style.description_width = "110px"  # the default 90px cuts "Text column(s)"
         super().__init__([
-            widgets.HTML("<b>Dataset</b>"), self.source_box, self.path_box, self.config_box,
+            widgets.HTML("<b>Dataset</b>"), self.task_box, self.source_box, self.path_box, self.config_box,
             self.load_button, self.splits_info, self.preview,
             widgets.HBox([self.train_box, self.eval_box]),
-            widgets.HBox([self.text_box, self.label_box]),
+            self.label_columns, self.chat,
             widgets.HBox([self.fraction_box, self.seed_box]),
             self.check_button, self.distribution, self.chart, self.message,
         ], **kwargs)
@@ -267,6 +326,9 @@ class DatasetPicker(widgets.VBox):
         self.text_box.observe(lambda c: self._set("text_columns", tuple(c["new"])), "value")
         self.label_box.observe(lambda c: self._set("label_column", c["new"] or ""), "value")
         self.observe(self._on_columns, ["text_columns", "label_column", "train_split", "eval_split"])
+        widgets.link((self.task_box, "value"), (self, "task"))
+        self.observe(self._on_task, "task")
+        self.observe(lambda _: self._show_chat(), ["model_name", "max_length"])
 
     def _set(self, trait: str, value: Any) -> None:
         if value is not None:
@@ -288,10 +350,10 @@ class DatasetPicker(widgets.VBox):
         except Exception as e:
             self.raw = None
             self.preview.value = self.splits_info.value = ""
-            self.message.value = _error_html(e)
+            self.message.value = error_html(e)
             return False
         splits = list(self.raw)
-        self.splits_info.value = _note_html(
+        self.splits_info.value = note_html(
             "Rows per split: " + ", ".join(f"{s} {self.raw[s].num_rows:,}" for s in splits))
         train = "train" if "train" in splits else splits[0]
         evals = [s for s in splits if s != train]
@@ -310,32 +372,41 @@ class DatasetPicker(widgets.VBox):
         self.train_split, self.eval_split = train, eval_default
         self.text_columns, self.label_column = tuple(text_guess), label_guess or ""
         ds = self.raw[train]
-        self.preview.value = _table_html(data.preview_rows(ds, self._preview_rows), columns,
-                                         data.column_types(ds))
+        self.preview.value = table_html(data.preview_rows(ds, self._preview_rows), columns,
+                                        data.column_types(ds))
         self.fraction_box.disabled = bool(eval_default)
-        if not text_guess or not label_guess:
-            self.message.value = _note_html(
+        self.chat.set_rows(ds)
+        if find_chat_columns(ds):
+            self.task = "causal_lm"  # chats and prompt/completion pairs have no label to ask for
+        self._show_chat()
+        if self.task == "classification" and (not text_guess or not label_guess):
+            self.message.value = note_html(
                 "Choose the text column(s) and the label column: the names do not say which they are.",
-                "#8a6d00")
+                WARNING)
         return True
 
     def check(self) -> bool:
-        """Run data.load_choice on the current choice; show label counts and rows per split."""
+        """Load the current choice exactly as a run will (data.load_choice; for a causal LM the
+        splits and the task's row check); show rows per split and the label counts."""
         self.message.value = ""
+        causal = self.task == "causal_lm"
         try:
             choice = self.dataset_choice
-            self.checked = data.load_choice(choice)
+            self.checked = self.chat.check(choice) if causal else data.load_choice(choice)
         except Exception as e:
             self.checked = None
-            self.message.value = _error_html(e)
+            self.message.value = error_html(e)
             return False
+        note = "" if choice.eval_split else (f" (validation: a {'random' if causal else 'stratified'} "
+                                             f"{choice.validation_fraction:.0%} of train, seed {choice.seed})")
+        rows = "Rows: " + ", ".join(f"{s} {self.checked[s].num_rows:,}" for s in self.checked) + note
+        if causal:
+            self.distribution.value = note_html(rows + f"\nEvery row is a valid {self.chat.data_format} example.")
+            return True
         counts = data.label_distribution(self.checked, choice.label_column)
-        note = "" if choice.eval_split else (
-            f" (validation: a stratified {choice.validation_fraction:.0%} of train, seed {choice.seed})")
-        self.distribution.value = _note_html(
-            "Rows: " + ", ".join(f"{s} {self.checked[s].num_rows:,}" for s in self.checked) + note
-            + "\nLabels: " + "; ".join(f"{s}: " + ", ".join(f"{k} {v}" for k, v in c.items())
-                                       for s, c in counts.items()))
+        self.distribution.value = note_html(
+            rows + "\nLabels: " + "; ".join(f"{s}: " + ", ".join(f"{k} {v}" for k, v in c.items())
+                                             for s, c in counts.items()))
         self.chart.value = label_chart_png(counts)
         return True
 
@@ -361,7 +432,7 @@ class DatasetPicker(widgets.VBox):
                     f" its columns are: {', '.join(available)}.",
                     "set text_column / label_column (the parameters cell) to columns from that list and"
                     " run the cells again, or choose them in the picker.")
-                self.message.value = _error_html(error)
+                self.message.value = error_html(error)
                 raise error
             with self.hold_trait_notifications():
                 self.text_box.value = text_columns
@@ -372,6 +443,14 @@ class DatasetPicker(widgets.VBox):
     def dataset_choice(self) -> DatasetChoice:
         if not self.path.strip():
             raise WorkbenchError("no dataset given.", "type a file or folder path, or a hub name.")
+        if self.task == "causal_lm":
+            # A causal-LM run reads the columns named in its train section (train_fields) and
+            # ignores these two; text_columns records which columns those are for the reader.
+            return DatasetChoice(
+                source=self.source, path=self.path.strip(), config_name=self.config_name or None,
+                train_split=self.train_split or "train", eval_split=self.eval_split or None,
+                text_columns=self.chat.columns, validation_fraction=self.validation_fraction,
+                seed=self.seed)
         if not self.text_columns or not self.label_column:
             raise WorkbenchError("the text and label columns are not chosen.",
                                  "pick one or two text columns and a label column (after Load).")
@@ -381,46 +460,45 @@ class DatasetPicker(widgets.VBox):
             text_columns=tuple(self.text_columns), label_column=self.label_column,
             validation_fraction=self.validation_fraction, seed=self.seed)
 
+    @property
+    def train_fields(self) -> dict[str, str]:
+        """TrainConfig fields of this data choice: the causal-LM format and columns; {} for classification."""
+        return self.chat.train_fields if self.task == "causal_lm" else {}
+
     # -- events
+
+    def _on_task(self, change) -> None:
+        causal = change["new"] == "causal_lm"
+        self.label_columns.layout.display = "none" if causal else None
+        self.chat.layout.display = None if causal else "none"
+        self.check_button.description = "Check rows" if causal else "Check labels"
+        self.distribution.value, self.chart.value, self.checked = "", b"", None
+        if causal:
+            self._show_chat()
+        else:
+            self._on_columns(change)
+
+    def _show_chat(self) -> None:
+        if self.task == "causal_lm" and self.chat.rows is not None:  # hidden otherwise: no tokenizer load
+            self.chat.max_length = self.max_length
+            self.chat.use_model(self.model_name)
 
     def _on_columns(self, change) -> None:
         self.checked = None
         self.fraction_box.disabled = bool(self.eval_split)
-        if self.raw is None or not self.label_column:
+        if self.raw is None or not self.label_column or self.task == "causal_lm":
             return
         try:  # counts of the raw splits, cheap; the checked split comes with check()
             counts = data.label_distribution(self.raw, self.label_column)
             if not counts:  # a column typed from code that is not there: check() explains
                 self.distribution.value, self.chart.value = "", b""
                 return
-            self.distribution.value = _note_html(
+            self.distribution.value = note_html(
                 "Labels: " + "; ".join(f"{s}: " + ", ".join(f"{k} {v}" for k, v in list(c.items())[:20])
                                        for s, c in counts.items()))
             self.chart.value = label_chart_png(counts)
         except Exception as e:
-            self.message.value = _error_html(e)
-
-
-def label_chart_png(counts: dict[str, dict[Any, int]], max_labels: int = 30) -> bytes:
-    """A small grouped bar chart of label counts per split, as PNG bytes."""
-    from matplotlib.figure import Figure  # no pyplot: no global figure state in the kernel
-
-    labels = sorted({k for c in counts.values() for k in c}, key=str)[:max_labels]
-    fig = Figure(figsize=(4.8, 2.4), dpi=100)
-    ax = fig.add_subplot()
-    width = 0.8 / max(1, len(counts))
-    for i, (split, c) in enumerate(counts.items()):
-        xs = [j + i * width for j in range(len(labels))]
-        ax.bar(xs, [c.get(k, 0) for k in labels], width=width, label=split)
-    ax.set_xticks([j + width * (len(counts) - 1) / 2 for j in range(len(labels))])
-    ax.set_xticklabels([str(k) for k in labels], rotation=30 if len(labels) > 6 else 0, fontsize=8)
-    ax.set_ylabel("rows")
-    if counts:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+            self.message.value = error_html(e)
 
 
 def dataset_picker(**kwargs: Any) -> DatasetPicker:
@@ -434,6 +512,9 @@ def dataset_picker(**kwargs: Any) -> DatasetPicker:
 def papermill_command(spec: RunSpec, notebook: str = NOTEBOOK, output: str | None = None) -> str:
     """The papermill line that runs ``notebook`` with the spec's choices (notebook parameter names)."""
     d, t = spec.data, spec.train
+    if t.task == "causal_lm":  # the notebooks' parameters are a classifier's: a line would mislead
+        return ("# papermill: the notebooks here fine-tune classifiers; run a causal LM with the"
+                " `workbench train` line above")
     params: list[tuple[str, Any]] = [("model_name", spec.model.name_or_path)]
     if d.source == "files":
         params.append(("data_files", d.path))
@@ -476,6 +557,11 @@ class Pickers(widgets.VBox):
         self.message = widgets.HTML()
         self.exported: Path | None = None
         self.export_button.on_click(lambda _: self.export())
+        # One task for both pickers: a causal LM makes the data chat data, chat data a causal LM.
+        widgets.link((self.model, "task"), (self.dataset, "task"))
+        widgets.dlink((self.model, "name_or_path"), (self.dataset, "model_name"))
+        widgets.dlink((self.model, "seq_len"), (self.dataset, "max_length"))
+        self.dataset.task_box.layout.display = "none"  # the model picker's toggle sets both
         super().__init__([
             self.model, self.dataset, widgets.HTML("<b>Export for a headless run</b>"),
             widgets.HBox([self.export_path, self.output_dir]), self.export_button,
@@ -491,15 +577,19 @@ class Pickers(widgets.VBox):
         return self.dataset.dataset_choice
 
     def run_spec(self, train: TrainConfig | None = None) -> RunSpec:
-        """RunSpec of the current choice; batch size, length, precision and checkpointing
-        come from the model picker, everything else from ``train`` (default: TrainConfig())."""
+        """RunSpec of the current choice; task, batch size, length, precision and checkpointing
+        (and for a causal LM the fine-tune mode) come from the model picker, the causal-LM
+        data format and columns from the dataset picker, everything else from ``train``
+        (default: TrainConfig())."""
         from dataclasses import replace
 
         base = train or self.train
-        base = replace(base, batch_size=self.model.batch_size, max_length=self.model.seq_len,
-                       precision=self.model.precision,
+        causal = {"finetune": self.model.finetune, **self.dataset.train_fields} \
+            if self.model.task == "causal_lm" else {}
+        base = replace(base, task=self.model.task, batch_size=self.model.batch_size,
+                       max_length=self.model.seq_len, precision=self.model.precision,
                        gradient_checkpointing=self.model.gradient_checkpointing,
-                       output_dir=self.output_dir.value or base.output_dir)
+                       output_dir=self.output_dir.value or base.output_dir, **causal)
         return RunSpec(model=self.model_choice, data=self.dataset_choice, train=base)
 
     def export(self, path: str | None = None, train: TrainConfig | None = None) -> Path | None:
@@ -509,7 +599,7 @@ class Pickers(widgets.VBox):
             spec = self.run_spec(train)
             target = spec.save(path or self.export_path.value or "run.yaml")
         except Exception as e:
-            self.message.value = _error_html(e)
+            self.message.value = error_html(e)
             return None
         self.exported = target
         cli = f"workbench train --config {shlex.quote(str(target))}"
