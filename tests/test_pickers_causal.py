@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from workbench.config import RunSpec, TrainConfig
-from workbench.errors import WorkbenchError
+from workbench.errors import ConfigError, WorkbenchError
 from workbench.synthetic_llm import make_chat_rows
 from workbench.widgets.pickers import DatasetPicker, ModelPicker, pickers
 
@@ -211,7 +212,9 @@ def test_export_writes_task_causal_lm_and_round_trips(tiny_llama_dir, tmp_path):
     assert loaded.data.path == str(path)
     # what fit() does with it before training: resolve the data, check every row
     splits, _, _ = resolve_data(loaded.data, None, None, t.task)
-    make_task(t, (), None).check_data(splits)
+    make_task(dataclasses.replace(t, finetune="lora"), (), None).check_data(splits)  # the rows pass
+    with pytest.raises(ConfigError, match="NVIDIA GPU"):  # and QLoRA on this CPU is refused before training
+        make_task(t, (), None).check_data(splits)
     lines = both.commands_text(config_path=str(target)).splitlines()
     assert lines[0] == f"workbench train --config {target}"
     assert lines[1].startswith("# papermill:") and "workbench train" in lines[1]

@@ -104,7 +104,7 @@ class TrainConfig:
 
     task: str = "classification"  # classification | causal_lm
     output_dir: str = "outputs/run"  # checkpoints, event log, final model
-    learning_rate: float = 2e-5
+    learning_rate: float | None = None  # None: 2e-5 (BERT recipe, full fine-tuning), 2e-4 for LoRA/QLoRA
     num_epochs: float = 3.0
     max_steps: int | None = None  # optimizer steps; overrides num_epochs when set
     batch_size: int = 16  # per device, per micro-batch
@@ -147,7 +147,8 @@ class TrainConfig:
     merge_adapter: bool = False  # also write model_merged/ (base + adapter, a plain model) at the end
 
     def __post_init__(self) -> None:
-        _check_positive("learning_rate", self.learning_rate, kind=float)
+        if self.learning_rate is not None:
+            _check_positive("learning_rate", self.learning_rate, kind=float)
         _check_positive("num_epochs", self.num_epochs, kind=float)
         if self.max_steps is not None:
             _check_positive("max_steps", self.max_steps)
@@ -183,6 +184,14 @@ class TrainConfig:
             raise ConfigError("distributed", self.distributed, " | ".join(DISTRIBUTED))
         _check_positive("max_skipped_steps", self.max_skipped_steps)
         self._check_causal_lm()
+
+    @property
+    def lr(self) -> float:
+        """``learning_rate``, or the task's default: adapters start from zero and need ~10x the
+        rate that full fine-tuning uses (2e-4 vs 2e-5, as in the LoRA and QLoRA papers' recipes)."""
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return 2e-4 if self.task == "causal_lm" and self.finetune != "full" else 2e-5
 
     @property
     def selection_metric(self) -> str:

@@ -20,9 +20,9 @@ def make_optimizer(model, config: TrainConfig) -> torch.optim.Optimizer:
         # The fused kernel updates all parameters in one pass (CPU and CUDA); the default
         # loops over them in Python, which cost ~5x the optimizer time of a 22M-parameter
         # BERT on CPU (benchmarks/train_throughput.py).
-        return torch.optim.AdamW(groups, lr=config.learning_rate, fused=True)
+        return torch.optim.AdamW(groups, lr=config.lr, fused=True)
     except (RuntimeError, TypeError):  # a device or dtype without a fused kernel
-        return torch.optim.AdamW(groups, lr=config.learning_rate, foreach=True)
+        return torch.optim.AdamW(groups, lr=config.lr, foreach=True)
 
 
 def make_scheduler(name: str, optimizer, warmup_steps: int, total_steps: int):

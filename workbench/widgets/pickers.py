@@ -527,7 +527,7 @@ def papermill_command(spec: RunSpec, notebook: str = NOTEBOOK, output: str | Non
         if getattr(d, name) is not None:
             params.append((name, getattr(d, name)))
     params += [("num_epochs", t.num_epochs), ("batch_size", t.batch_size),
-               ("learning_rate", t.learning_rate), ("max_length", t.max_length),
+               ("learning_rate", t.lr), ("max_length", t.max_length),
                ("precision", t.precision), ("output_dir", t.output_dir)]
     output = output or str(Path(t.output_dir) / Path(notebook).name)
     parts = ["papermill", shlex.quote(notebook), shlex.quote(output)]
