@@ -103,3 +103,40 @@ def test_fit_distributed_refuses_once_cuda_is_initialised(monkeypatch, tmp_path)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(WorkbenchError, match="restart the kernel"):
         fit_distributed("any-model", None, num_processes=2, output_dir=str(tmp_path / "run"))
+
+
+def test_two_processes_train_the_same_lora_adapter(tiny_llama_dir, tmp_path):
+    """task: causal_lm under torchrun: rows split by rank, supervised-token-weighted
+    accumulation, the adapters all-reduced (frozen base weights take no part)."""
+    from workbench.synthetic_llm import make_chat_rows
+
+    data = tmp_path / "chats"
+    data.mkdir()
+    for split, n, seed in (("train", 64, 0), ("validation", 16, 1)):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_chat_rows(n, seed)))
+    out = tmp_path / "run"
+    spec = RunSpec(
+        model=ModelChoice(str(tiny_llama_dir)),
+        data=DatasetChoice(source="files", path=str(data)),
+        train=TrainConfig(task="causal_lm", output_dir=str(out), learning_rate=3e-3, batch_size=4, max_steps=4,
+                          log_every=1, num_workers=0, gradient_accumulation_steps=2, lora_r=4, lora_alpha=8,
+                          max_length=160),
+    )
+    config = spec.save(tmp_path / "run.yaml")
+    hashes = tmp_path / "hashes"
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(HASHING_LAUNCHER)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(launcher), "train", "--config", str(config), "--progress", "none"],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HASH_DIR": str(hashes)},
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (hashes / "rank0.sha256").read_text() == (hashes / "rank1.sha256").read_text()
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    start = next(e for e in events if e["kind"] == "start")
+    assert start["world_size"] == 2 and start["config"]["task"] == "causal_lm"
+    assert [e["step"] for e in events if e["kind"] == "train"] == [1, 2, 3, 4]
+    assert events[-1]["status"] == "completed" and "eval_loss" in events[-1]["metrics"]
+    assert (out / "model" / "adapter_model.safetensors").is_file()
