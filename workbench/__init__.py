@@ -37,6 +37,8 @@ _EXPORTS = {
     "pickers": "workbench.widgets.pickers",
     "GPUPanel": "workbench.widgets.gpu_panel",
     "estimate_vram": "workbench.models",
+    "estimate_causal_vram": "workbench.models",
+    "Playground": "workbench.widgets.playground",
 }
 
 __all__ = ["__version__", *_EXPORTS]
