@@ -288,3 +288,25 @@ def test_generation_check_prompts_up_to_the_answer(tokenizer, tiny_model):
             raise AssertionError("prompt not from the eval split")
 
     assert task.generation_check(Oracle(), tokenizer, evaluation, limit=2) == {"eval_exact_match": 1.0}
+
+
+def test_flattened_batches_split_at_example_boundaries():
+    # CUDA + FlashAttention batches are one row of examples end to end; an out-of-memory
+    # retry must cut them between examples, with the sequence offsets of each piece.
+    from transformers import DataCollatorWithFlattening
+
+    from workbench.tasks import split_batch
+
+    rows = [{"input_ids": list(range(10, 10 + n)), "labels": [IGNORE] + list(range(11, 10 + n))}
+            for n in (3, 5, 2, 4, 6)]
+    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(rows)
+    task = CausalLMTask()
+    assert task.rows(batch) == 5
+    pieces = split_batch(task, batch, 2)
+    assert [task.rows(p) for p in pieces] == [2, 2, 1]
+    for key in ("input_ids", "labels", "position_ids"):
+        assert torch.equal(torch.cat([p[key] for p in pieces], dim=1), batch[key])
+    assert pieces[0]["cu_seq_lens_q"].tolist() == [0, 3, 8] and pieces[0]["max_length_q"] == 5
+    assert pieces[1]["cu_seq_lens_k"].tolist() == [0, 2, 6] and pieces[1]["max_length_k"] == 4
+    assert pieces[2]["cu_seq_lens_q"].tolist() == [0, 6]
+    assert sum(int(task.units(p)) for p in pieces) == int(task.units(batch))

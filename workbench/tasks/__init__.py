@@ -99,6 +99,8 @@ def split_batch(task: Task, batch: dict, size: int) -> list[dict]:
     rows = task.rows(batch)
     if rows <= size:
         return [batch]
+    if hasattr(task, "split"):  # batches that are not one row per example (flattened sequences)
+        return task.split(batch, size)
     return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
 
 

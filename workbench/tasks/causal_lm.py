@@ -496,6 +496,30 @@ class CausalLMTask:
             return int((batch["position_ids"] == 0).sum())
         return int(batch["input_ids"].shape[0])
 
+    def split(self, batch: dict, size: int) -> list[dict]:
+        """Micro-batches of at most ``size`` examples (after an out-of-memory).
+
+        A padded batch is cut by rows. A flattened one (one row, examples end to end) is cut
+        at example boundaries, with the FlashAttention sequence offsets recomputed per piece.
+        """
+        if "attention_mask" in batch or "position_ids" not in batch:
+            return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, self.rows(batch), size)]
+        positions = batch["position_ids"][0]
+        starts = [*(positions == 0).nonzero()[:, 0].tolist(), positions.numel()]
+        pieces = []
+        for first in range(0, len(starts) - 1, size):
+            bounds = starts[first:first + size + 1]
+            left, right = bounds[0], bounds[-1]
+            piece = {k: batch[k][:, left:right] for k in ("input_ids", "labels", "position_ids")}
+            if "cu_seq_lens_q" in batch:
+                offsets = torch.tensor([b - left for b in bounds], dtype=torch.int32,
+                                       device=batch["cu_seq_lens_q"].device)
+                longest = max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+                piece.update(cu_seq_lens_q=offsets, cu_seq_lens_k=offsets,
+                             max_length_q=longest, max_length_k=longest)
+            pieces.append(piece)
+        return pieces
+
     def units(self, batch: dict) -> torch.Tensor:
         """Supervised tokens: what the loss averages over, so accumulation weights by them.
 
