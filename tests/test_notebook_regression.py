@@ -32,6 +32,8 @@ from workbench.notebook_regression.baselines import (
 from workbench.notebook_regression.kernels import resolve_kernel
 from workbench.notebook_regression.outcome import source_cell
 from workbench.notebook_regression.placeholders import (
+    CHAT_DATA_ROWS,
+    SMOLLM2_DIR,
     TINY_DATA_ROWS,
     fill_placeholders,
     placeholders_in,
@@ -406,6 +408,33 @@ def test_tiny_data_placeholder_writes_learnable_csvs(tmp_path):
     lines = (folder / "train.csv").read_text().splitlines()
     assert lines[0] == "text,label" and len(lines) == 1 + TINY_DATA_ROWS["train"]
     assert len((folder / "validation.csv").read_text().splitlines()) == 1 + 200
+
+
+def test_chat_data_placeholder_writes_chats_a_causal_lm_trains_on(tmp_path):
+    from workbench.config import DatasetChoice, TrainConfig
+    from workbench.data import load_splits
+    from workbench.tasks.causal_lm import CausalLMTask
+
+    folder = Path(prepare_placeholders({"chat_data"}, tmp_path)["chat_data"])
+    splits = load_splits(DatasetChoice(source="files", path=str(folder)))
+    assert {k: len(v) for k, v in splits.items()} == CHAT_DATA_ROWS
+    task = CausalLMTask(TrainConfig(task="causal_lm"))
+    task.check_data(splits)
+    assert task.format == "messages"
+
+
+def test_smollm2_placeholder_reuses_the_tests_conversion(smollm2_dir, tmp_path, monkeypatch):
+    import workbench.gguf
+
+    monkeypatch.setenv("WORKBENCH_TEST_CACHE", str(smollm2_dir.parent))
+    assert prepare_placeholders({"smollm2"}, tmp_path) == {"smollm2": str(smollm2_dir)}
+    assert not (tmp_path / SMOLLM2_DIR).exists()  # no second conversion
+    # Without a finished conversion there, one is made in the shared folder.
+    monkeypatch.setenv("WORKBENCH_TEST_CACHE", str(tmp_path / "empty"))
+    calls = []
+    monkeypatch.setattr(workbench.gguf, "convert_gguf", lambda src, out: calls.append(out) or out)
+    assert prepare_placeholders({"smollm2"}, tmp_path) == {"smollm2": str(tmp_path / SMOLLM2_DIR)}
+    assert calls == [tmp_path / SMOLLM2_DIR]
 
 
 def test_unknown_parameters_and_missing_notebooks_fail_before_any_kernel(tmp_path):

@@ -19,6 +19,12 @@ TRAINING_PARAMETERS = {
     "max_train_rows": None, "max_eval_rows": None, "num_epochs": 2, "batch_size": 32,
     "learning_rate": 2e-5, "max_length": 128, "precision": "auto",
 }
+# The LLM notebook shares the data names; its defaults are an instruct model and chat data.
+LLM_PARAMETERS = {
+    "model_name": "Qwen/Qwen2.5-0.5B-Instruct", "dataset_name": "HuggingFaceH4/no_robots",
+    "dataset_config": None, "data_files": None, "train_split": "train", "eval_split": "test",
+    "messages_column": "messages", "finetune": "lora", "loss_on": "completion", "precision": "auto",
+}
 
 
 def _load(path: Path) -> dict:
@@ -36,8 +42,8 @@ def _parameters(nb: dict) -> dict:
     return values
 
 
-def test_all_five_notebooks_are_there():
-    assert [p.stem[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04"]
+def test_all_six_notebooks_are_there():
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04", "05"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -50,7 +56,11 @@ def test_notebook_is_a_clean_document(path):
             assert cell["outputs"] == [] and cell["execution_count"] is None, "commit without outputs"
     params = _parameters(nb)
     assert params["output_dir"].startswith("outputs")
-    if path.stem != "00_environment_check":
+    if path.stem == "05_llm_lora":
+        assert {k: params[k] for k in LLM_PARAMETERS} == LLM_PARAMETERS
+        # a real run, capped to minutes on one GPU
+        assert params["max_train_rows"] and params["max_eval_rows"] and params["max_steps"] <= 500
+    elif path.stem != "00_environment_check":
         assert {k: params[k] for k in TRAINING_PARAMETERS} == TRAINING_PARAMETERS
     assert "workbench.record(" in "".join("".join(c["source"]) for c in nb["cells"])
 
