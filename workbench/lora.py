@@ -100,12 +100,12 @@ def wrap(model: nn.Module, *, r: int, alpha: int, dropout: float, targets: list[
             gradient_checkpointing_kwargs={"use_reentrant": False})
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
                         bias="none", task_type="CAUSAL_LM")
-    with _quiet_peft():
+    with quiet_peft():
         return get_peft_model(model, config)
 
 
 @contextlib.contextmanager
-def _quiet_peft():
+def quiet_peft():
     # peft asks transformers 5 for a renamed attribute (is_gradient_checkpointing): a FutureWarning
     # that is peft's to fix, not the user's; every other warning still shows.
     with warnings.catch_warnings():
@@ -161,7 +161,7 @@ def merge_adapter_folder(adapter_dir: str | os.PathLike, output_dir: str | os.Pa
     except OSError as exc:
         raise ModelError(f"Cannot load the base model {base!r} of the adapter in {adapter_dir}: {exc}",
                          "pass base='path/to/the/base/model' (the folder or hub id it was trained on).") from None
-    with _quiet_peft():
+    with quiet_peft():
         merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
     merged.save_pretrained(output_dir)
     tokenizer_source = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base

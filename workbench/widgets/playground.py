@@ -28,6 +28,8 @@ from typing import Any
 import ipywidgets as widgets
 import torch
 
+from workbench import lora
+
 
 class Playground:
     """Prompt box, generation settings, and the two answers streamed side by side."""
@@ -61,7 +63,8 @@ class Playground:
         from transformers import AutoTokenizer
 
         adapter_dir = Path(adapter_dir)
-        model = AutoPeftModelForCausalLM.from_pretrained(adapter_dir)
+        with lora.quiet_peft():
+            model = AutoPeftModelForCausalLM.from_pretrained(adapter_dir)
         tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
         return cls(model, tokenizer, **settings)
 
