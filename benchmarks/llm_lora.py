@@ -21,6 +21,8 @@ gradient clipping at 1.0), fp32 on CPU, loss on the answer tokens only:
   (d) trl-pfree    (b) with ``padding_free=True`` (one flattened row with position ids).
   (s) wb-fullhead  (a) with the standard ``model(**batch).loss`` (LM head at every position):
                    what computing logits only where loss is taken buys (``--only as``).
+  (u) wb-random    (a) with ``group_by_length=False`` (random batches, as (b) draws them):
+                   what length grouping buys, and whether it moves the eval loss.
 
 Reported per variant: real (non-pad) tokens per second of training (clock around the
 loop / ``trainer.train()``; loading and tokenization excluded), the padding share of
@@ -55,7 +57,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "llm_lora.json"
-VARIANTS = {"a": "workbench", "b": "trl", "c": "trl-grouped", "d": "trl-pfree", "s": "wb-fullhead"}
+VARIANTS = {"a": "workbench", "b": "trl", "c": "trl-grouped", "d": "trl-pfree", "s": "wb-fullhead",
+            "u": "wb-random"}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -150,6 +153,7 @@ def run_workbench(args, train_rows, eval_rows, path: Path) -> dict:
                       learning_rate=args.lr, scheduler="constant", warmup_ratio=0.0, weight_decay=0.0,
                       max_grad_norm=1.0, precision="fp32", batch_size=args.batch_size, max_steps=args.steps,
                       max_length=args.max_length, seed=args.seed, log_every=args.steps,
+                      group_by_length=args.variant != "u",
                       listeners=[listener])
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
@@ -215,7 +219,7 @@ def child(args) -> int:
     train_rows = make_chat_rows(args.rows, seed=args.seed)
     eval_rows = make_chat_rows(args.eval_rows, seed=args.seed + 1)
     variant = args.variant
-    result = run_workbench(args, train_rows, eval_rows, path) if variant in "as" else \
+    result = run_workbench(args, train_rows, eval_rows, path) if variant in "asu" else \
         run_trl(args, train_rows, eval_rows, path, variant)
     result.update(variant=variant, name=VARIANTS[variant],
                   peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -238,6 +242,12 @@ def print_table(results: list[dict]) -> None:
               f"real tokens/s (goal >= 1.3); eval loss {by['a']['eval_loss']:.4f} vs {best['eval_loss']:.4f} "
               f"({abs(by['a']['eval_loss'] / best['eval_loss'] - 1):.1%} apart, goal <= 2%); train RSS "
               f"{by['a']['train_peak_rss'] / best['train_peak_rss']:.2f}x (goal <= 1)")
+    if "u" in by and "b" in by:  # the same batching (random batches): the equal-loss comparison
+        u, b = by["u"], by["b"]
+        print(f"(u) / (b), both random batches: {u['real_tokens_per_s'] / b['real_tokens_per_s']:.2f}x real "
+              f"tokens/s; eval loss {u['eval_loss']:.4f} vs {b['eval_loss']:.4f} "
+              f"({abs(u['eval_loss'] / b['eval_loss'] - 1):.1%} apart); train RSS "
+              f"{u['train_peak_rss'] / b['train_peak_rss']:.2f}x")
 
 
 def main(argv=None) -> int:
@@ -248,9 +258,10 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--lr", type=float, default=1e-4)  # 5e-4: every variant ends near 0.001, where ratios mean little
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", default="abcd", help="variants to run (default abcd; s: (a) with the full-head loss)")
+    parser.add_argument("--only", default="abcdsu",
+                        help="variants to run (default abcdsu; s: (a) with the full-head loss; u: (a) with random batches)")
     parser.add_argument("--quick", action="store_true", help="2 steps of batch 4, 8 eval rows: a smoke run")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # internal: run one variant in this process
     parser.add_argument("--workdir", default="/tmp/workbench-llm-bench", help=argparse.SUPPRESS)
