@@ -44,12 +44,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+from offline import go_offline  # benchmarks/offline.py, beside this script
 
+go_offline()
 import torch  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"

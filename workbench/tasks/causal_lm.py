@@ -632,9 +632,6 @@ class CausalLMTask:
             return
         load_full_state(model, state, "resume with the model and finetune setting the run was started with.")
 
-    checkpoint_state = model_state  # the names of the issue's brief
-    load_checkpoint_state = load_model_state
-
     def identity(self) -> dict:
         """Facts that make a run this run, for the run record (and a resume check)."""
         s = self.settings
@@ -647,8 +644,6 @@ class CausalLMTask:
             facts["lora"] = {"r": s.lora_r, "alpha": s.lora_alpha, "dropout": s.lora_dropout,
                              "target_modules": list(self.targets)}
         return facts
-
-    record = identity
 
 
 # -------------------------------------------------------------------------- helpers
