@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -115,9 +114,11 @@ def test_healthcheck_healthy_then_unhealthy_when_the_server_is_stopped(fresh_lab
 def test_doctor_has_no_errors_on_a_cpu_host(lab):
     done = lab.exec("workbench", "doctor", "--json", "--no-network", check=False, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    text = json.dumps(json.loads(done.stdout))
-    assert '"error"' not in text.lower().replace('"errors": []', ""), text[:3000]
-    assert "warn" in text.lower(), "a missing GPU must be a warning"
+    report = json.loads(done.stdout)
+    errors = [r for r in report["results"] if r["level"] == "error"]
+    assert report["ok"] and not errors, errors
+    levels = {r["name"]: r["level"] for r in report["results"]}
+    assert levels["nvidia driver"] == "warn", "a missing GPU must be a warning"
 
 
 def test_bitsandbytes_imports(lab):
@@ -203,10 +204,15 @@ def test_module_planted_in_the_workspace_is_not_imported(fresh_labs):
     for name in ("jupyterlab", "jupyter_server", "workbench"):
         lab.exec("bash", "-c", f"cat > /workspace/{name}.py <<'EOF'\n{PLANTED.format(name=name)}\nEOF")
     podman("restart", "-t", "10", lab.name, timeout=180)
-    time.sleep(2)
-    planted = lab.exec("bash", "-c", "ls /workspace/PLANTED-* 2>/dev/null || true").stdout.split()
-    assert not planted, f"the server imported {planted}"
-    lab.wait_ready()
+    try:
+        lab.wait_ready()
+        started = ""
+    except AssertionError as exc:  # a shadowed module may stop the server from starting at all
+        started = str(exc)
+    workspace = Path(podman("volume", "inspect", "--format", "{{.Mountpoint}}", lab.volumes["workspace"]).stdout.strip())
+    planted = sorted(p.name for p in workspace.glob("PLANTED-*"))
+    assert not planted, f"the server imported the workspace's {planted}\n{started[-2000:]}"
+    assert not started, started
 
 
 # --- the image's main job -------------------------------------------------------------------
