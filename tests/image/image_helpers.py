@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import time
@@ -34,6 +35,9 @@ HARDENING = [
     "--shm-size", "8g", "--hostname", "workbench",
 ]
 MODELS_DIR = "/opt/test-models"  # where offline_model_mounts() puts the offline test models
+# Extra `podman run` options after the hardening ones (the last of a flag wins), for
+# breaking a check on purpose: WORKBENCH_TEST_EXTRA_RUN_ARGS="--pids-limit 100" must fail it.
+EXTRA_RUN_ARGS = shlex.split(os.environ.get("WORKBENCH_TEST_EXTRA_RUN_ARGS", ""))
 VOLUMES = {"workspace": "/workspace", "outputs": "/workspace/notebooks/outputs", "cache": "/cache"}
 
 
@@ -66,7 +70,7 @@ class Lab:
         return f"http://127.0.0.1:{self.port}"
 
     def run_args(self, *options: str, token_file: Path, extra: tuple[str, ...] = ()) -> list[str]:
-        args = ["run", "-d", "--name", self.name, "--network", "host", *HARDENING, *extra,
+        args = ["run", "-d", "--name", self.name, "--network", "host", *HARDENING, *EXTRA_RUN_ARGS, *extra,
                 "-e", f"WORKBENCH_PORT={self.port}",
                 "-v", f"{token_file}:/run/secrets/jupyter_token:ro",
                 "-e", "JUPYTER_TOKEN_FILE=/run/secrets/jupyter_token"]
