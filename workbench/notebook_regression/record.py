@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.runtime import in_jupyter_kernel
 from workbench.errors import WorkbenchError
-from workbench.runtime import in_jupyter_kernel
 
 MIMETYPE = "application/vnd.workbench.record+json"
 # A record is a key result, not a data dump: the executed notebook must stay small.

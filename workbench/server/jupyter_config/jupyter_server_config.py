@@ -1,7 +1,7 @@
 # The one Jupyter server configuration of the workbench, used by `workbench lab`
 # (passed with --config) and by the image (installed as /etc/jupyter/jupyter_server_config.py).
 #
-# It sets secure values, and enables the `workbench.lab_guard` server extension, which
+# It sets secure values, and enables the `workbench.server.guard` server extension, which
 # re-checks the *effective* settings after every config file and the command line have
 # been applied and stops the server on an unsafe one (weak token, XSRF off, an origin that
 # is not one exact origin, Host check off, unsafe headers, root without
@@ -22,36 +22,36 @@
 #   WORKBENCH_ALLOW_ROOT     1 to let the server run as root (refused otherwise)
 import os
 
-from workbench import lab_guard
+from workbench.server import credentials, floor, guard
 
 c = get_config()  # noqa: F821 -- provided by traitlets when it runs this file
 
 # First, so that the final check runs even if a later line fails and someone
 # switches errors off. Listing it here (not in a jupyter_server_config.d file) keeps
 # the whole configuration in this one file.
-c.ServerApp.jpserver_extensions = {lab_guard.GUARD_EXTENSION: True}
+c.ServerApp.jpserver_extensions = {guard.GUARD_EXTENSION: True}
 
-with lab_guard.refuse_to_start_on_error():
+with guard.refuse_to_start_on_error():
     # Nothing later (a user config file, the command line, jupyter_server_config.d)
     # can disable the guard; a server whose guard did not run stops.
-    lab_guard.pin_guard_extension()
+    guard.pin_guard_extension()
     # Every log record of the server, tornado's access and error lines included,
     # has tokens and Authorization headers replaced before it is written.
-    lab_guard.install_log_redaction()
+    guard.install_log_redaction()
 
     # --- who may connect ------------------------------------------------------------
-    lab_guard.check_root()
-    lab_guard.check_environment()
+    floor.check_root()
+    floor.check_environment()
     # Root is refused above unless explicitly allowed; then jupyter's own check must agree.
-    c.ServerApp.allow_root = lab_guard.root_allowed()
+    c.ServerApp.allow_root = floor.root_allowed()
 
-    credentials = lab_guard.resolve_token()
-    lab_guard.install_log_redaction([credentials.token])
+    credentials = credentials.resolve_token()
+    guard.install_log_redaction([credentials.token])
     # Kernels and terminals copy the server's environment: `!env` in a notebook would
     # save the token into the .ipynb. The token now lives in the configuration only.
-    lab_guard.scrub_server_environment()
-    # Refuses cross-origin requests even when they carry the token (lab_identity.py).
-    c.ServerApp.identity_provider_class = lab_guard.IDENTITY_PROVIDER
+    floor.scrub_server_environment()
+    # Refuses cross-origin requests even when they carry the token (server/identity.py).
+    c.ServerApp.identity_provider_class = floor.IDENTITY_PROVIDER
     c.IdentityProvider.token = credentials.token
     if credentials.hashed_password:
         c.PasswordIdentityProvider.hashed_password = credentials.hashed_password
@@ -69,7 +69,7 @@ with lab_guard.refuse_to_start_on_error():
     # Host-header check against DNS rebinding stays on even when listening on 0.0.0.0
     # (the container): loopback addresses and these names are accepted.
     c.ServerApp.allow_remote_access = False
-    c.ServerApp.local_hostnames = lab_guard.local_hostnames()
+    c.ServerApp.local_hostnames = floor.local_hostnames()
     # Every endpoint needs authentication unless it is explicitly public (login, static files).
     c.ServerApp.allow_unauthenticated_access = False
 
@@ -83,7 +83,7 @@ with lab_guard.refuse_to_start_on_error():
     c.FileContentsManager.delete_to_trash = False
 
     # Idle kernels hold GPU memory; shut them down after a while (busy ones never).
-    cull_s = lab_guard.cull_idle_seconds()
+    cull_s = floor.cull_idle_seconds()
     c.MappingKernelManager.cull_idle_timeout = cull_s
     c.MappingKernelManager.cull_interval = max(60, min(300, cull_s // 4 or 300))
     c.MappingKernelManager.cull_busy = False
@@ -100,11 +100,11 @@ with lab_guard.refuse_to_start_on_error():
     # it also keeps the extension manager's past allow-list bypasses out of reach.
     c.LabApp.extension_manager = "readonly"
 
-# --- JupyterHub single-user mode (workbench/hub_singleuser.py) ------------------------------
+# --- JupyterHub single-user mode (workbench/server/hub_singleuser.py) ------------------------------
 # Spawned by a hub (its variables are in the environment), the hub's OAuth authenticates users:
 # hub_singleuser swaps the token guard for its own (the same floor less the token and Host
 # rules, which are the hub's job) and refuses a half-configured mix. Standalone: no change.
-from workbench import hub_singleuser  # noqa: E402
+from workbench.server import hub_singleuser  # noqa: E402
 
-with lab_guard.refuse_to_start_on_error():
+with guard.refuse_to_start_on_error():
     hub_singleuser.configure(c)

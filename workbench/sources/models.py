@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import ModelError
-from workbench.hub import is_offline
+from workbench.sources.hub import is_offline
 
 WEIGHT_FILES = (
     "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
@@ -404,12 +404,12 @@ def activation_bytes(*, batch_size: int, seq_len: int, hidden_size: int, num_lay
 def resolve_precision_name(precision: str, device: Any = None) -> str:
     """The precision a run would use on ``device`` (a workbench.gpu DeviceInfo, None = no GPU).
 
-    "auto" is decided by ``workbench.precision.resolve_precision``, the one owner of that
+    "auto" is decided by ``workbench.engine.precision.resolve_precision``, the one owner of that
     policy; an explicit choice is estimated as asked (the estimate may be for another machine).
     """
     if precision != "auto":
         return precision
-    from workbench.precision import DeviceFacts, resolve_precision
+    from workbench.engine.precision import DeviceFacts, resolve_precision
 
     capability = getattr(device, "compute_capability", None)
     facts = DeviceFacts(cuda=device is not None, bf16=bool(capability and capability[0] >= 8),
@@ -573,7 +573,7 @@ def check_fit(info: ModelInfo, *, batch_size: int, seq_len: int, precision: str 
 #           16-bit; the same adapters
 #
 # A (adapter parameters) = r * (in + out) summed over the adapted linear layers, counted on a
-# model built on the meta device (exact for any architecture; targets as workbench.lora picks).
+# model built on the meta device (exact for any architecture; targets as workbench.tasks.lora picks).
 #
 # Activations of one decoder layer (LLaMA: RMSNorm, rotary attention with grouped KV heads,
 # SwiGLU MLP; no dropout), d bytes per element (2 under 16-bit compute, 4 at fp32),
@@ -680,7 +680,7 @@ def causal_parameters(config, lora_r: int = 16, targets: list[str] | None = None
     import torch
     from transformers import AutoModelForCausalLM
 
-    from workbench.lora import linear_target_names
+    from workbench.tasks.lora import linear_target_names
 
     try:
         with torch.device("meta"):

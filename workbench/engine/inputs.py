@@ -34,13 +34,13 @@ def resolve_data(data, text_columns, label_column, task: str = "classification")
     if task == "causal_lm":
         return _resolve_lm_data(data, text_columns, label_column)
     if isinstance(data, (str, os.PathLike)):
-        from workbench.data import resolve_data_source
+        from workbench.sources.data import resolve_data_source
 
         source = resolve_data_source(data)  # a missing path is "file not found", not a hub error
         data = DatasetChoice(source=source, path=str(data), text_columns=tuple(text_columns or ("text",)),
                              label_column=label_column or "label")
     if isinstance(data, DatasetChoice):
-        from workbench.data import load_choice
+        from workbench.sources.data import load_choice
 
         return load_choice(data), data.text_columns, data.label_column
     columns = tuple([text_columns] if isinstance(text_columns, str) else (text_columns or ("text",)))
@@ -56,11 +56,11 @@ def _resolve_lm_data(data, text_columns, label_column):
                               fix="name the data's columns with messages_column, prompt_column + "
                                   "completion_column, or text_column (TrainConfig fields).")
     if isinstance(data, (str, os.PathLike)):
-        from workbench.data import resolve_data_source
+        from workbench.sources.data import resolve_data_source
 
         data = DatasetChoice(source=resolve_data_source(data), path=str(data))
     if isinstance(data, DatasetChoice):
-        from workbench.data import load_splits
+        from workbench.sources.data import load_splits
 
         data = load_splits(data)
     return data, (), None

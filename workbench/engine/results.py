@@ -12,7 +12,6 @@ from workbench.errors import TrainingError
 
 MODEL_DIR = "model"  # final model: save_pretrained + tokenizer (+ label mapping)
 BEST_DIR = "best"  # the best model by config.best_metric, same layout
-LABELS_FILE = "labels.json"
 
 
 @dataclass
@@ -32,7 +31,8 @@ class FitResult:
 
 def result_from_disk(output_dir: str | os.PathLike) -> FitResult:
     """A FitResult rebuilt from a run's folder (events.jsonl, model/, best/)."""
-    from workbench.events import read_events
+    from workbench.engine.events import read_events
+    from workbench.tasks.classification_data import LABELS_FILE
 
     output_dir = Path(output_dir)
     events = read_events(output_dir)

@@ -3,7 +3,7 @@
 The same image (and the same ``docker/entrypoint.sh``) starts in one of two modes:
 
 * **standalone** (``workbench lab``, ``docker compose up``): the token guard of
-  ``workbench.lab_guard`` is the only thing between the network and code execution.
+  ``workbench.server.guard`` is the only thing between the network and code execution.
 * **spawned by JupyterHub** (KubeSpawner, DockerSpawner, a local spawner): the hub has put
   its variables in the environment (``Spawner.get_env`` in jupyterhub/spawner.py) and
   ``jupyterhub-singleuser`` authenticates every request with the hub's OAuth. A workbench
@@ -17,9 +17,9 @@ that way either fails later with an obscure OAuth error or, worse, runs with the
 
 Three entry points use this module:
 
-* ``python -m workbench.hub_singleuser [server options]`` (the entrypoint's hub branch):
+* ``python -m workbench.server.hub_singleuser [server options]`` (the entrypoint's hub branch):
   check the environment, print the command, ``exec`` ``jupyterhub-singleuser`` (JupyterLab).
-* :func:`configure` at the end of ``workbench/lab_config/jupyter_server_config.py``: in hub
+* :func:`configure` at the end of ``workbench/server/jupyter_config/jupyter_server_config.py``: in hub
   mode, swap the standalone guard extension for this module's.
 * the server extension below, which re-checks the *effective* settings after every config
   source has been applied (jupyterhub's own extension runs before it and sets its values).
@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from workbench.errors import LabConfigError
+from workbench.server import floor
 
 # What jupyterhub (Spawner.get_env, 2.x to 6.x) always sets and the single-user server
 # cannot work without: the API token and URL to talk to the hub, the OAuth client and
@@ -131,20 +132,20 @@ def singleuser_command(argv: list[str], environ: Mapping[str, str] | None = None
 def configure(c, environ: Mapping[str, str] | None = None) -> HubEnv | None:
     """Called at the end of the workbench server configuration; changes nothing standalone.
 
-    In hub mode: this module's guard extension replaces ``workbench.lab_guard``'s, whose
+    In hub mode: this module's guard extension replaces ``workbench.server.guard``'s, whose
     token rule and Host check are the hub's job here (see :func:`check_settings`), and no
     workbench token is set (the hub's OAuth is the only way in).
     """
     hub = detect(environ)
     if hub is None:
         return None
-    c.ServerApp.jpserver_extensions = {"workbench.lab_guard": False, "workbench.hub_singleuser": True}
+    c.ServerApp.jpserver_extensions = {"workbench.server.guard": False, "workbench.server.hub_singleuser": True}
     c.IdentityProvider.token = ""
     return hub
 
 
 def check_settings(settings: Mapping[str, object]) -> None:
-    """The standalone floor (``lab_guard.check_settings``) less what the hub does instead.
+    """The standalone floor (``floor.check_settings``) less what the hub does instead.
 
     * authentication: the identity provider must be JupyterHub's (checked here, by class name);
       the standalone token and identity-provider rules do not apply (the hub's API token is 32
@@ -155,23 +156,21 @@ def check_settings(settings: Mapping[str, object]) -> None:
       unknown here). DNS rebinding gains nothing: a rebound page has no hub cookie for
       this user, and every request needs one.
     """
-    from workbench import lab_guard
-
     provider = str(settings.get("identity_provider", ""))
     if provider != "JupyterHubIdentityProvider":  # jupyterhub.singleuser.extension's
         raise LabConfigError(
             f"JupyterHub's variables are set but the server authenticates with {provider or 'nothing'}, "
             "not with the hub's identity provider: the hub's login may not guard it.",
-            "start the server with `python -m workbench.hub_singleuser` (docker/entrypoint.sh does "
+            "start the server with `python -m workbench.server.hub_singleuser` (docker/entrypoint.sh does "
             "when the hub's variables are set) or `jupyterhub-singleuser`, not `jupyter lab` or "
             "`jupyter labhub`; unset JUPYTERHUB_SINGLEUSER_EXTENSION=0 and JUPYTERHUB_SINGLEUSER_APP, "
             "which select the older app.",
         )
-    lab_guard.check_settings({**settings, **_HUB_DOES_THIS})
+    floor.check_settings({**settings, **_HUB_DOES_THIS})
 
 
 # The standalone guard's settings that describe what the hub does instead, set to values the
-# floor accepts, so that lab_guard.check_settings applies everything else unchanged:
+# floor accepts, so that floor.check_settings applies everything else unchanged:
 _HUB_DOES_THIS = {
     # Authentication is the hub's OAuth (checked above), not a workbench token or password:
     # the hub's API token (32 hex characters) is the hub's secret, not one a user types.
@@ -191,9 +190,7 @@ _HUB_DOES_THIS = {
 
 
 def effective_settings(serverapp) -> dict[str, object]:
-    from workbench import lab_guard
-
-    settings = lab_guard.effective_settings(serverapp)
+    settings = floor.effective_settings(serverapp)
     settings["identity_provider"] = type(serverapp.identity_provider).__name__
     return settings
 
@@ -202,15 +199,13 @@ def effective_settings(serverapp) -> dict[str, object]:
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    return [{"module": "workbench.hub_singleuser"}]
+    return [{"module": "workbench.server.hub_singleuser"}]
 
 
 def _load_jupyter_server_extension(serverapp) -> None:
-    from workbench import lab_guard
-
     try:
         detect()
-        lab_guard.check_versions()
+        floor.check_versions()
         check_settings(effective_settings(serverapp))
     except LabConfigError as exc:
         raise SystemExit(_REFUSAL + str(exc)) from None

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from workbench.config import TrainConfig
+from workbench.engine.precision import accelerate_mixed_precision
 from workbench.errors import ConfigError, WorkbenchError
-from workbench.precision import accelerate_mixed_precision
 
 
 def reset_accelerate_state() -> None:

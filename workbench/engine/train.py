@@ -25,16 +25,18 @@ from typing import Any
 
 import torch
 
-from workbench import batching, checkpoint, distributed, inputs, model_checks, run_lock
 from workbench.config import ModelChoice, TrainConfig
+from workbench.engine import batching, checkpoint, distributed, inputs, run_lock
+from workbench.engine.events import EventLog
+from workbench.engine.memory import free_memory, with_halving
+from workbench.engine.optim import make_optimizer, make_scheduler
+from workbench.engine.precision import device_facts, resolve_precision
+from workbench.engine.results import BEST_DIR, MODEL_DIR, FitResult
+from workbench.engine.stopping import HARD_STOP_AFTER, StopRequest, stop_on_signals
 from workbench.errors import CheckpointError, TrainingError
-from workbench.events import EventLog
-from workbench.memory import free_memory, with_halving
-from workbench.optim import make_optimizer, make_scheduler
-from workbench.precision import device_facts, resolve_precision
-from workbench.results import BEST_DIR, MODEL_DIR, FitResult
-from workbench.stopping import HARD_STOP_AFTER, StopRequest, stop_on_signals
-from workbench.tasks import Task, make_task, split_batch
+from workbench.sources import model_checks
+from workbench.tasks import make_task
+from workbench.tasks.base import Task, split_batch
 
 
 @dataclass
@@ -162,8 +164,11 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
             run.log.write("end", status="interrupted", step=run.state.step, metrics=run.state.metrics)
             return _result(run, "interrupted", None, history)
         model_dir = _save_model(run, run.output_dir / MODEL_DIR)
-        for text, level in run.task.finish(model_dir) if acc.is_main_process else ():
-            _message(run, text, level)
+        if acc.is_main_process:
+            with checkpoint.no_hf_progress_bars():
+                finished = run.task.finish(model_dir, checkpoint.write_dir_atomically)
+            for text, level in finished:
+                _message(run, text, level)
         run.log.write("end", status="completed", step=run.state.step, metrics=run.state.metrics)
         return _result(run, "completed", model_dir, history)
     except BaseException as exc:

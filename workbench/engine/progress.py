@@ -9,7 +9,7 @@ the same ``Progress`` interface: a listener called with each event
 a papermill notebook becomes one line per refresh.
 
 Which view a call gets is chosen once, by ``choose_mode`` ("auto" picks the
-notebook view only in a kernel someone looks at: ``workbench.runtime``);
+notebook view only in a kernel someone looks at: ``workbench.engine.runtime``);
 ``WORKBENCH_PROGRESS=console|notebook|none`` overrides the choice outright.
 """
 
@@ -22,8 +22,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from workbench.engine.runtime import someone_watching
 from workbench.errors import ConfigError
-from workbench.runtime import someone_watching
 
 MODES = ("auto", "notebook", "console", "none")
 CHART_FILE = "loss_curve.png"

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.config import DatasetChoice
 from workbench.errors import DataError
-from workbench.hub import is_offline
-from workbench.sources import looks_like_local_path, nearby
+from workbench.sources.hub import is_offline
+from workbench.sources.paths import looks_like_local_path, nearby
 
 if TYPE_CHECKING:  # datasets is imported lazily: it takes ~1 s
     from datasets import Dataset, DatasetDict
@@ -344,7 +344,7 @@ def resolve_data_source(path: str | os.PathLike) -> str:
     """``"files"`` or ``"hub"`` for a bare ``data`` string; DataError for a missing local path.
 
     An existing file or folder is ``"files"``. A string that cannot be a hub dataset id
-    (see :func:`workbench.sources.looks_like_local_path`: a path mark or a data file
+    (see :func:`workbench.sources.paths.looks_like_local_path`: a path mark or a data file
     extension) and does not exist is a file that is not there, said as such; only a
     plausible hub id (``stanfordnlp/sst2``, ``imdb``) is ``"hub"``.
     """

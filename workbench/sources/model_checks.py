@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.errors import ModelError
-from workbench.sources import looks_like_local_path, nearby
+from workbench.sources.paths import looks_like_local_path, nearby
 
 # A folder holds a tokenizer when it has one of these. Only their complete absence is
 # refused up front (some tokenizers, ByT5's, need no vocabulary file at all); a folder
@@ -69,7 +69,7 @@ def check_model_source(name_or_path: str) -> str:
                 " hub id such as 'bert-base-uncased'.")
         return "hub"
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return "gguf"  # llama.cpp / Ollama weights: converted to a model folder once (workbench.gguf)
+        return "gguf"  # llama.cpp / Ollama weights: converted to a model folder once (workbench.sources.gguf)
     if not path.is_dir():
         raise ModelError(f"{path} is a file, not a model folder.",
                          "give the folder that holds config.json, the weights and the tokenizer files.")

@@ -15,9 +15,9 @@ import argparse
 import os
 from pathlib import Path
 
-from workbench import events
+from workbench.engine import events
+from workbench.engine.progress import ConsoleProgress, Progress, RunHistory
 from workbench.errors import NoEventLogError, WorkbenchError
-from workbench.progress import ConsoleProgress, Progress, RunHistory
 
 
 def watch(
@@ -30,7 +30,7 @@ def watch(
 ) -> RunHistory:
     """Show a run's progress from its event log in ``display``; returns what was seen.
 
-    ``display``: a view (``workbench.progress.ConsoleProgress``, the notebook view...).
+    ``display``: a view (``workbench.engine.progress.ConsoleProgress``, the notebook view...).
     ``follow=False`` shows the events written so far and returns at once.
     ``wait_for_log_s``: how long to wait for a run that has not written its log yet.
     Raises WorkbenchError when ``output_dir`` is not a folder, or holds no log

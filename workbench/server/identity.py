@@ -11,7 +11,7 @@ health check, top-level navigation) are judged on their credentials as before.
 
 Also: the login cookie is ``SameSite=Strict`` whatever ``cookie_options`` say, and the
 token is compared in constant time. The server configuration selects this class and
-``workbench.lab_guard`` refuses to start with any other.
+``workbench.server.guard`` refuses to start with any other.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import typing as t
 from jupyter_server.auth.identity import PasswordIdentityProvider, User
 from tornado import web
 
-from workbench.lab_guard import origin_allowed
+from workbench.server.origins import origin_allowed
 
 
 class WorkbenchIdentityProvider(PasswordIdentityProvider):

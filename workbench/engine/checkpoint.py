@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.distributed import any_process
+from workbench.engine.distributed import any_process
 from workbench.errors import CheckpointError
 
 CHECKPOINTS = "checkpoints"

@@ -1,6 +1,6 @@
 """`workbench lab`: start JupyterLab with the workbench's one secure server configuration.
 
-The configuration ships inside the package, ``workbench/lab_config/jupyter_server_config.py``
+The configuration ships inside the package, ``workbench/server/jupyter_config/jupyter_server_config.py``
 (the image installs the same file as /etc/jupyter/jupyter_server_config.py); this module only finds it,
 builds the command line and replaces itself with the server, so Ctrl-C and signals
 go straight to Jupyter. The token is printed by the server once it is running.
@@ -168,7 +168,7 @@ def find_server_config(environ: Mapping[str, str] | None = None) -> Path:
                 f"point {CONFIG_ENV} at a jupyter_server_config.py, or unset it to use the workbench's own.",
             )
         return path.resolve()
-    bundled = Path(str(resources.files("workbench.lab_config") / "jupyter_server_config.py"))
+    bundled = Path(str(resources.files("workbench.server.jupyter_config") / "jupyter_server_config.py"))
     if bundled.is_file():
         return bundled
     raise LabConfigError(
@@ -277,13 +277,13 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m workbench.lab --check-options -- OPTIONS``: the entry point's allow-list.
+    """``python -m workbench.server.lab --check-options -- OPTIONS``: the entry point's allow-list.
 
     Prints the checked options one per line (exit 0), or the reason and the fix (exit 2).
     """
     args = list(argv)
     if args[:1] != ["--check-options"]:
-        print("usage: python -m workbench.lab --check-options -- [OPTIONS...]", file=sys.stderr)
+        print("usage: python -m workbench.server.lab --check-options -- [OPTIONS...]", file=sys.stderr)
         return 2
     args = args[2:] if args[1:2] == ["--"] else args[1:]
     try:

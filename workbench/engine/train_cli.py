@@ -48,8 +48,8 @@ def load_spec(args: argparse.Namespace):
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from workbench.progress import ConsoleProgress
-    from workbench.train import fit
+    from workbench.engine.progress import ConsoleProgress
+    from workbench.engine.train import fit
 
     spec = load_spec(args)
     # A terminal or a log file: plain lines (the notebook view is for kernels).
