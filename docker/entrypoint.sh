@@ -51,7 +51,7 @@ seed_notebooks() {
 }
 
 # Extra server options go through the same allow-list as `workbench lab -- ...`
-# (workbench/lab.py: port, folders, base URL, browser, log level, rate limits). One list
+# (workbench/server/lab.py: port, folders, base URL, browser, log level, rate limits). One list
 # in one place: anything about credentials, extensions, config files, origins, XSRF, the
 # Host check, headers or CSP stops the container here with the reason and the fix.
 # Sets server_options to the checked options, one --name=value each.
@@ -59,7 +59,7 @@ server_options=()
 check_server_options() {
     local checked
     [ "$#" -gt 0 ] || return 0
-    checked=$("$WORKBENCH_PYTHON" -m workbench.lab --check-options -- "$@") || exit 2
+    checked=$("$WORKBENCH_PYTHON" -m workbench.server.lab --check-options -- "$@") || exit 2
     if [ -n "$checked" ]; then
         mapfile -t server_options <<< "$checked"
     fi
@@ -73,7 +73,7 @@ run() {
     exec "$@"
 }
 
-# --- JupyterHub single-user mode (workbench/hub_singleuser.py) -------------------------------
+# --- JupyterHub single-user mode (workbench/server/hub_singleuser.py) -------------------------------
 # Spawned by a hub (its spawner sets JUPYTERHUB_API_TOKEN, JUPYTERHUB_SERVICE_URL, ...) with no
 # command, server options, or KubeSpawner's default `jupyterhub-singleuser`: seed the notebooks
 # into the user's workspace and exec the hub-authenticated server. The module refuses a
@@ -82,7 +82,7 @@ hub_vars="${JUPYTERHUB_API_TOKEN:-}${JUPYTERHUB_API_URL:-}${JUPYTERHUB_CLIENT_ID
 if [ -n "$hub_vars" ] && { [ "$#" = 0 ] || [ "${1#-}" != "$1" ] || [ "$(basename "$1")" = jupyterhub-singleuser ]; }; then
     prepare_dirs
     seed_notebooks
-    run "$WORKBENCH_PYTHON" -m workbench.hub_singleuser "$@"
+    run "$WORKBENCH_PYTHON" -m workbench.server.hub_singleuser "$@"
     exit 0  # reached only with WORKBENCH_DRY_RUN=1
 fi
 

@@ -14,7 +14,7 @@
 #    Cached in podman's storage under a tag that is a hash of everything it is made from;
 # 4. the image through docker/build.sh --engine podman, on the stand-in, plus the two
 #    other user layouts a base can have (a uid-1000 `ubuntu` user, a uid the base lacks);
-# 5. pytest tests/image/ against live containers started as the README says.
+# 5. pytest tests/image/ against live containers started as docs/image.md says.
 #
 # Every build sees pip's settings on this machine (CA bundle, local wheel folders and
 # indexes, constraint file: read from `pip config list`) through a generated pip.conf

@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     """A small random BERT with a WordPiece tokenizer, saved like a hub download."""
-    from workbench.synthetic import make_tiny_bert
+    from workbench.sources.synthetic import make_tiny_bert
 
     return make_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-bert")
 
@@ -44,7 +44,7 @@ def tiny_bert(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def sentiment_data():
     """A generated, learnable sentiment task (DatasetDict: train 800 / validation 200)."""
-    from workbench.synthetic import make_dataset
+    from workbench.sources.synthetic import make_dataset
 
     return make_dataset()
 

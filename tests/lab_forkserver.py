@@ -26,11 +26,11 @@ import traceback
 import jupyter_server.serverapp  # noqa: F401  -- the expensive imports, done once
 import jupyterlab.labapp
 
-import workbench.lab_guard  # noqa: F401
+import workbench.server.guard  # noqa: F401
 
 # An older workbench has none (the matrix is also run against one, to show it fails there).
 with contextlib.suppress(ImportError):
-    import workbench.lab_identity  # noqa: F401
+    import workbench.server.identity  # noqa: F401
 
 PARALLEL = 4
 TIMEOUT_S = 60

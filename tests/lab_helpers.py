@@ -20,7 +20,7 @@ import requests
 
 REPO = Path(__file__).resolve().parents[1]
 WORKBENCH = str(Path(sys.executable).with_name("workbench"))
-SERVER_CONFIG = REPO / "workbench" / "lab_config" / "jupyter_server_config.py"
+SERVER_CONFIG = REPO / "workbench" / "server" / "jupyter_config" / "jupyter_server_config.py"
 START_TIMEOUT_S = 60
 
 

@@ -26,7 +26,7 @@ test_cache_dir.__test__ = False  # a helper, not a test
 
 
 def convert_smollm2() -> Path:
-    from workbench.gguf import convert_gguf, smollm2_gguf
+    from workbench.sources.gguf import convert_gguf, smollm2_gguf
 
     return convert_gguf(smollm2_gguf(), test_cache_dir() / "smollm2-135m")
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 import pytest
 from datasets import ClassLabel, Dataset, Features, Value
 
-from workbench.batching import (
-    LengthGroupedBatchSampler,
-    build_label_mapping,
-    tokenize,
-)
+from workbench.engine.batching import LengthGroupedBatchSampler
 from workbench.errors import DataError
+from workbench.tasks.classification_data import build_label_mapping, tokenize
 
 
 def test_string_labels_are_sorted_and_mapped():
@@ -60,7 +57,7 @@ def test_sentence_pairs_keep_token_types(tiny_bert):
 
 
 def test_task_collator_pads_each_batch_to_its_own_longest_row():
-    from workbench.synthetic import train_tokenizer
+    from workbench.sources.synthetic import train_tokenizer
     from workbench.tasks.classification import ClassificationTask
 
     tokenizer = train_tokenizer()

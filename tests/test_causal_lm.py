@@ -9,7 +9,7 @@ import torch
 
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import ConfigError, DataError
-from workbench.synthetic_llm import make_chat_dataset
+from workbench.sources.synthetic_llm import make_chat_dataset
 from workbench.tasks.causal_lm import (
     IGNORE,
     CausalLMTask,
@@ -238,7 +238,7 @@ def test_fast_loss_equals_the_models_own_loss(tokenizer, tiny_model):
 def test_fast_loss_through_a_peft_model(tokenizer, tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 
-    from workbench import lora
+    from workbench.tasks import lora
 
     model = lora.wrap(AutoModelForCausalLM.from_pretrained(tiny_llama_dir), r=4, alpha=8, dropout=0.0,
                       targets=None)
@@ -295,7 +295,7 @@ def test_flattened_batches_split_at_example_boundaries():
     # retry must cut them between examples, with the sequence offsets of each piece.
     from transformers import DataCollatorWithFlattening
 
-    from workbench.tasks import split_batch
+    from workbench.tasks.base import split_batch
 
     rows = [{"input_ids": list(range(10, 10 + n)), "labels": [IGNORE] + list(range(11, 10 + n))}
             for n in (3, 5, 2, 4, 6)]

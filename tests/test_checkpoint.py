@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench import checkpoint
+from workbench.engine import checkpoint
 from workbench.errors import CheckpointError
 
 
@@ -18,7 +18,7 @@ def acc():
     """A real single-process Accelerator with a small model, optimizer and schedule prepared."""
     from accelerate import Accelerator
 
-    from workbench.distributed import reset_accelerate_state
+    from workbench.engine.distributed import reset_accelerate_state
 
     reset_accelerate_state()
     accelerator = Accelerator(cpu=True)

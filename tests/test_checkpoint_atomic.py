@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from workbench import checkpoint
+from workbench.engine import checkpoint
 
 # Saves <out>/best twice, like two evaluations that each found a better model. During
 # the second save, os.rename is wrapped (here, in the test's own process only) so that
@@ -19,7 +19,7 @@ KILLED_BETWEEN_RENAMES = """
 import os, signal, sys
 from pathlib import Path
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
-from workbench.checkpoint import write_dir_atomically
+from workbench.engine.checkpoint import write_dir_atomically
 
 model_dir, out = sys.argv[1], Path(sys.argv[2])
 model = AutoModelForSequenceClassification.from_pretrained(model_dir)

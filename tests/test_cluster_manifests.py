@@ -88,7 +88,7 @@ def test_values_serve_the_workbench_image_as_the_class_needs(values):
     single = values["singleuser"]
     assert single["image"]["name"].endswith("/workbench") and single["image"]["tag"]
     # The image's entrypoint (not KubeSpawner's default command) starts the server: it seeds
-    # the notebooks and runs workbench.hub_singleuser.
+    # the notebooks and runs workbench.server.hub_singleuser.
     assert "cmd" in single and single["cmd"] is None
     assert single["uid"] == 1000 and single["fsGid"] == 1000
     storage = single["storage"]
@@ -282,7 +282,7 @@ def test_slurm_script_passes_shellcheck():
 def test_slurm_script_trains_on_this_machine_as_one_node(tiny_bert, tmp_path):
     """srun and scontrol are stand-ins; torchrun (c10d), workbench and the checks are real."""
     from workbench.config import DatasetChoice, ModelChoice, RunSpec, TrainConfig
-    from workbench.synthetic import write_csv
+    from workbench.sources.synthetic import write_csv
 
     data = tmp_path / "data"
     write_csv(data / "train.csv", 32, seed=0)

@@ -142,7 +142,7 @@ def test_train_cli_reports_a_broken_config_without_a_traceback(tmp_path, capsys)
 def test_train_cli_set_reads_exponent_floats(tmp_path):
     import argparse
 
-    from workbench.train_cli import load_spec
+    from workbench.engine.train_cli import load_spec
 
     path = tmp_path / "run.yaml"
     path.write_text(GOOD, encoding="utf-8")

@@ -1,4 +1,4 @@
-"""workbench.data: every supported local format, every bad input, stratified splits."""
+"""workbench.sources.data: every supported local format, every bad input, stratified splits."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ from collections import Counter
 
 import pytest
 
-from workbench import data
 from workbench.config import DatasetChoice
-from workbench.data import (
+from workbench.errors import DataError
+from workbench.sources import data
+from workbench.sources.data import (
     check_utf8,
     label_distribution,
     load_choice,
     stratified_split,
     suggest_columns,
 )
-from workbench.errors import DataError
-from workbench.synthetic import make_rows, write_csv
+from workbench.sources.synthetic import make_rows, write_csv
 
 
 def choice(path, **kw) -> DatasetChoice:
@@ -147,7 +147,7 @@ def test_non_utf8_names_the_byte_offset(tmp_path):
 
 
 def test_utf8_check_across_chunk_boundary(tmp_path, monkeypatch):
-    import workbench.data as data
+    import workbench.sources.data as data
 
     monkeypatch.setattr(data, "UTF8_CHUNK", 4)
     path = tmp_path / "ok.csv"
@@ -281,7 +281,7 @@ def test_blank_text_cell_is_reported_as_missing(tmp_path):
 def test_check_texts_on_a_dataset_passed_directly():
     from datasets import Dataset
 
-    from workbench.data import check_texts
+    from workbench.sources.data import check_texts
 
     ds = Dataset.from_dict({"text": ["fine", "  \n", "also fine"], "label": [0, 1, 0]})
     with pytest.raises(DataError, match="row\\(s\\) 1,"):
@@ -299,7 +299,7 @@ def test_na_in_a_csv_label_column_is_a_missing_label_named_as_written(tmp_path):
 
 
 def test_a_missing_path_like_string_is_file_not_found_not_the_hub(tmp_path, monkeypatch):
-    from workbench.data import resolve_data_source
+    from workbench.sources.data import resolve_data_source
 
     monkeypatch.chdir(tmp_path)
     write_csv(tmp_path / "data" / "train.csv", 10)
@@ -317,7 +317,7 @@ def test_a_missing_path_like_string_is_file_not_found_not_the_hub(tmp_path, monk
 
 
 def test_a_path_given_as_a_hub_choice_says_file_not_found(tmp_path):
-    from workbench.data import load_raw
+    from workbench.sources.data import load_raw
 
     missing = tmp_path / "path" / "that" / "does" / "not" / "exist.csv"
     with pytest.raises(DataError, match="file not found") as info:
@@ -365,7 +365,7 @@ def test_check_texts_is_fast_on_clean_views_and_names_a_non_text_column():
 
     from datasets import Dataset
 
-    from workbench.data import check_texts
+    from workbench.sources.data import check_texts
 
     big = Dataset.from_dict({"text": ["a few words"] * 300_000, "label": [0, 1] * 150_000}).shuffle(seed=0)
     started = time.perf_counter()

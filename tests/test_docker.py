@@ -108,7 +108,7 @@ def test_runs_as_non_root_with_tini_and_healthcheck():
     assert "workbench-healthcheck" in healthcheck and "curl" not in healthcheck
     assert "COPY docker/healthcheck.py /usr/local/bin/workbench-healthcheck" in DOCKERFILE
     assert "COPY docker/entrypoint.sh /usr/local/bin/workbench-entrypoint" in DOCKERFILE
-    assert "COPY workbench/lab_config/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py" in DOCKERFILE
+    assert "COPY workbench/server/jupyter_config/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py" in DOCKERFILE
 
 
 def test_oci_labels():
@@ -227,7 +227,7 @@ def test_build_context_leaves_secrets_and_clutter_out(ignore_file):
                  "notebooks/outputs/01/checkpoint.pt", "workbench/__pycache__/lab.cpython-311.pyc", "regress-out/x",
                  ".env", "notebooks/.env"):
         assert _docker_ignored(patterns, path), f"{ignore_file} lets {path} into the build context"
-    for path in ("pyproject.toml", "workbench/lab.py", "workbench/lab_config/jupyter_server_config.py",
+    for path in ("pyproject.toml", "workbench/server/lab.py", "workbench/server/jupyter_config/jupyter_server_config.py",
                  "environment/requirements-gpu.txt", "notebooks/01_quickstart.ipynb", "docker/entrypoint.sh"):
         assert not _docker_ignored(patterns, path), f"{ignore_file} leaves out {path}, which the image copies"
 
@@ -315,7 +315,7 @@ def test_entrypoint_appends_options_and_runs_other_commands(workspace):
 
 
 @pytest.mark.parametrize("options", [
-    ["--ServerApp.jpserver_extensions=workbench.lab_guard=False", "--IdentityProvider.token="],
+    ["--ServerApp.jpserver_extensions=workbench.server.guard=False", "--IdentityProvider.token="],
     ["--config=/tmp/other.py"],
     ["--ServerApp.allow_origin=*"],
     ["--ServerApp.log_level", "--ServerApp.token="],

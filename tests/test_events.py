@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from workbench.engine.events import EventLog, events_path, follow, read_events, writer_alive
 from workbench.errors import WorkbenchError
-from workbench.events import EventLog, events_path, follow, read_events, writer_alive
 
 
 def write_run(output_dir, steps=3, status="completed", tensorboard=False):
@@ -180,7 +180,7 @@ def test_follow_does_not_stop_at_an_end_that_a_resume_followed(tmp_path):
 def test_follow_stops_when_the_writer_died_without_end(tmp_path):
     # A real process writes start and exits without "end", as a crash would.
     code = (
-        "import sys; from workbench.events import EventLog; "
+        "import sys; from workbench.engine.events import EventLog; "
         "EventLog(sys.argv[1], tensorboard=False).write('start', total_steps=9)"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=60)

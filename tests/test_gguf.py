@@ -1,4 +1,4 @@
-"""workbench.gguf: GGUF file -> trainable model folder, converted once and reused."""
+"""workbench.sources.gguf: GGUF file -> trainable model folder, converted once and reused."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from workbench import gguf
 from workbench.errors import ModelError
+from workbench.sources import gguf
 
 
 @pytest.fixture

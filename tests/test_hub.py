@@ -3,7 +3,7 @@
 Everything is real except the Docker image: `jupyterhub` (PyPI) with `configurable-http-proxy`
 (npm, installed by scripts/setup_hub_proxy.sh), the DummyAuthenticator with a shared password,
 SimpleLocalProcessSpawner starting each user's server through docker/entrypoint.sh (its
-JupyterHub branch: workbench.hub_singleuser and the workbench server configuration), and
+JupyterHub branch: workbench.server.hub_singleuser and the workbench server configuration), and
 jupyterhub-idle-culler as a hub-managed service, as in environment/hub/z2jh-values.yaml.
 The whole module takes about a minute; it runs as root here (WORKBENCH_ALLOW_ROOT=1).
 """
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
-SERVER_CONFIG = REPO / "workbench" / "lab_config" / "jupyter_server_config.py"
+SERVER_CONFIG = REPO / "workbench" / "server" / "jupyter_config" / "jupyter_server_config.py"
 PROXY = REPO / ".venv" / "hub-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 PASSWORD = "class-of-2026-shared-password"  # DummyAuthenticator: one password for every user
 # jupyterhub-idle-culler --timeout: short, so the test sees a cull, yet longer than the quiet

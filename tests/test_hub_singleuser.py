@@ -1,4 +1,4 @@
-"""Standalone or spawned by JupyterHub: workbench.hub_singleuser and the entrypoint's hub branch.
+"""Standalone or spawned by JupyterHub: workbench.server.hub_singleuser and the entrypoint's hub branch.
 
 tests/test_hub.py runs the whole thing under a real hub; these are the decisions and the
 refusals, each in well under a second (the entrypoint ones run bash and Python).
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from traitlets.config import Config
 
-from workbench import hub_singleuser
 from workbench.errors import LabConfigError
+from workbench.server import hub_singleuser
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
@@ -88,7 +88,7 @@ def test_configure_changes_nothing_standalone_and_swaps_the_guard_under_the_hub(
     assert hub_singleuser.configure(c, {}) is None
     assert "jpserver_extensions" not in c.ServerApp
     assert hub_singleuser.configure(c, HUB_ENV).user == "alice"
-    assert c.ServerApp.jpserver_extensions == {"workbench.lab_guard": False, "workbench.hub_singleuser": True}
+    assert c.ServerApp.jpserver_extensions == {"workbench.server.guard": False, "workbench.server.hub_singleuser": True}
     assert c.IdentityProvider.token == ""
 
 
@@ -118,7 +118,7 @@ def test_the_rest_of_the_floor_still_applies(change, words, monkeypatch):
         hub_singleuser.check_settings({**SAFE, **change})
 
 
-# --- the entrypoint's hub branch and `python -m workbench.hub_singleuser` --------------------
+# --- the entrypoint's hub branch and `python -m workbench.server.hub_singleuser` --------------------
 def run_entrypoint(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     shipped = tmp_path / "shipped"
     shipped.mkdir(exist_ok=True)
@@ -133,7 +133,7 @@ def run_entrypoint(tmp_path: Path, *args: str, **env: str) -> subprocess.Complet
 def test_entrypoint_seeds_the_workspace_and_runs_the_hub_server(tmp_path):
     done = run_entrypoint(tmp_path, **HUB_ENV, WORKBENCH_DRY_RUN="1")
     assert done.returncode == 0, done.stderr
-    assert f"running: {sys.executable} -m workbench.hub_singleuser" in done.stderr
+    assert f"running: {sys.executable} -m workbench.server.hub_singleuser" in done.stderr
     assert (tmp_path / "workspace" / "notebooks" / "01_quickstart.ipynb").read_text() == "shipped 01"
     assert "jupyterlab" not in done.stderr  # not the standalone server
 
@@ -141,7 +141,7 @@ def test_entrypoint_seeds_the_workspace_and_runs_the_hub_server(tmp_path):
 def test_entrypoint_accepts_kubespawners_default_command(tmp_path):
     done = run_entrypoint(tmp_path, "jupyterhub-singleuser", "--debug", **HUB_ENV, WORKBENCH_DRY_RUN="1")
     assert done.returncode == 0, done.stderr
-    assert "-m workbench.hub_singleuser jupyterhub-singleuser --debug" in done.stderr
+    assert "-m workbench.server.hub_singleuser jupyterhub-singleuser --debug" in done.stderr
 
 
 def test_entrypoint_still_runs_other_commands_under_the_hub(tmp_path):
@@ -159,7 +159,7 @@ def test_entrypoint_refuses_a_half_configured_hub_with_the_fix(tmp_path):
 def test_module_prints_and_would_exec_jupyterhub_singleuser(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "WORKBENCH_"))},
            **HUB_ENV, "WORKBENCH_DRY_RUN": "1", "WORKBENCH_NOTEBOOK_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "workbench.hub_singleuser", "jupyterhub-singleuser"], env=env,
+    done = subprocess.run([sys.executable, "-m", "workbench.server.hub_singleuser", "jupyterhub-singleuser"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert f"-m jupyterhub.singleuser --ServerApp.root_dir={tmp_path}" in done.stderr
@@ -167,6 +167,6 @@ def test_module_prints_and_would_exec_jupyterhub_singleuser(tmp_path):
 
 def test_module_refuses_to_run_without_a_hub(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
-    done = subprocess.run([sys.executable, "-m", "workbench.hub_singleuser"], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "workbench.server.hub_singleuser"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "workbench lab" in done.stderr

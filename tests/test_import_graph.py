@@ -1,10 +1,19 @@
-"""The engine is headless: no module it is made of reaches a notebook front end.
+"""The package's layout is its architecture: these tests hold the import rules the tree shows.
 
-Walks every ``import`` statement of the package (module level and inside
-functions, read with ``ast``, so a lazy import counts too) and follows the
-workbench modules each engine module reaches. A run under torchrun, papermill or
-CI must never drag ipywidgets or IPython's display machinery in, and the GPU
-query layer must not know the engine exists.
+Walks every ``import`` statement of the package (module level and inside functions, read
+with ``ast``, so a lazy import counts too, and so does one under ``TYPE_CHECKING``) and
+follows the workbench modules each module reaches. The rules (``docs/architecture.md``):
+
+* ``engine/`` never reaches a view (``widgets/``, ipywidgets, IPython.display) or ``server/``:
+  a run under torchrun, papermill or CI never drags a front end in; views are listeners.
+* ``server/`` never reaches ``engine/``, ``tasks/``, ``sources/`` or torch (nor the other heavy
+  ML libraries): starting the lab stays fast and small.
+* ``tasks/`` never reaches ``engine/``: the engine asks, the task answers.
+* ``gpu/`` (the NVML layer) knows nothing of the engine, the tasks or the views.
+* No circles between modules: what two modules both need lives in a third.
+
+Each rule is checked on the real package and, so that the check itself can fail, on a
+small package written for the test that breaks it.
 """
 
 from __future__ import annotations
@@ -16,36 +25,39 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 FRONT_END = ("ipywidgets", "IPython.display", "workbench.widgets")
-# Engine modules, and the packages whose every module counts as engine (headless).
-ENGINE = ("workbench.train", "workbench.tasks", "workbench.checkpoint", "workbench.events", "workbench.data",
-          "workbench.batching", "workbench.precision", "workbench.config", "workbench.watcher",
-          "workbench.distributed", "workbench.stopping", "workbench.optim", "workbench.results",
-          "workbench.memory", "workbench.progress", "workbench.train_cli", "workbench.gpu",
-          "workbench.diagnostics", "workbench.notebook_regression")
+HEAVY = ("torch", "transformers", "datasets", "accelerate", "peft", "bitsandbytes")
 # Notebook-only helpers the engine may call into without following their display code.
-NOTEBOOK_HELPERS = ("workbench.record",)
+NOTEBOOK_HELPERS = ("workbench.notebook_regression.record",)
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _imports(path: Path, modules: set[str]) -> set[str]:
-    """Every module a file imports (``from a import b`` counts as a.b when that is a module)."""
+    """Every module a file imports (``from a import b`` counts as a.b when that is a module, else a)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules)
+            submodules = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found.update(submodules)
+            # ``from pkg import sub`` needs pkg's __init__ only as every submodule import does;
+            # a name that is not a submodule is read from pkg itself.
+            if len(submodules) < len(node.names):
+                found.add(node.module)
     return found
 
 
-@pytest.fixture(scope="module")
-def graph() -> dict[str, set[str]]:
-    files = {_module_name(p): p for p in PACKAGE.rglob("*.py") if "lab_config" not in p.parts}
+def build_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the modules it imports, for every .py file under ``root`` (a package folder).
+
+    The server's traitlets config file (``server/jupyter_config/jupyter_server_config.py``)
+    is executed by Jupyter, not imported, but what it imports counts: it is a module here.
+    """
+    files = {_module_name(p, root): p for p in root.rglob("*.py")}
     return {name: _imports(path, set(files)) for name, path in files.items()}
 
 
@@ -53,7 +65,7 @@ def _is(name: str, prefixes) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def _path_to(graph, start: str, target) -> list[str] | None:
+def path_to(graph, start: str, target) -> list[str] | None:
     """The import chain from ``start`` to a module matching ``target``, or None."""
     seen, queue = {start}, [[start]]
     while queue:
@@ -67,27 +79,118 @@ def _path_to(graph, start: str, target) -> list[str] | None:
     return None
 
 
+def violations(graph, sources, forbidden) -> list[str]:
+    """Import chains from any module under ``sources`` to any module under ``forbidden``."""
+    chains = [path_to(graph, name, lambda m: _is(m, forbidden)) for name in graph if _is(name, sources)]
+    return [" -> ".join(c) for c in chains if c]
+
+
+def circles(graph) -> list[list[str]]:
+    """Import circles between the package's modules (strongly connected groups, Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in graph:
+                continue
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def rule_breaks(graph) -> dict[str, list]:
+    """Every rule of the module docstring, checked on ``graph``: rule -> what breaks it."""
+    pkg = next(iter(graph)).split(".")[0]
+    p = lambda *names: tuple(f"{pkg}.{n}" for n in names)  # noqa: E731
+    front_end = (*FRONT_END[:2], f"{pkg}.widgets")
+    return {
+        "engine reaches a view or the server": violations(graph, p("engine"), (*front_end, *p("server"))),
+        "server reaches the engine, tasks, sources or torch":
+            violations(graph, p("server"), (*p("engine", "tasks", "sources"), *HEAVY)),
+        "tasks reach the engine": violations(graph, p("tasks"), p("engine")),
+        "gpu reaches the engine, tasks or views": violations(graph, p("gpu"), (*p("engine", "tasks"), *front_end)),
+        "import circles": circles(graph),
+    }
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return build_graph(PACKAGE)
+
+
 def test_the_graph_sees_the_package(graph):
-    assert "workbench.train" in graph and "workbench.widgets.progress" in graph
-    assert "workbench.widgets.progress" in {m for m in graph["workbench.frontend"]}  # a lazy import counts
+    assert "workbench.engine.train" in graph and "workbench.widgets.progress" in graph
+    assert "workbench.server.jupyter_config.jupyter_server_config" in graph
+    assert "workbench.widgets.progress" in graph["workbench.frontend"]  # a lazy import counts
+    assert len([m for m in graph if m.startswith("workbench.engine.")]) > 12
 
 
-def test_no_engine_module_reaches_the_notebook_front_end(graph):
-    engine = [name for name in graph if _is(name, ENGINE)]
-    assert len(engine) > 20
-    chains = [_path_to(graph, name, lambda m: _is(m, FRONT_END)) for name in engine]
-    assert [" -> ".join(c) for c in chains if c] == []
+@pytest.mark.parametrize("rule", list(rule_breaks(build_graph(PACKAGE))))
+def test_the_package_keeps_the_rule(graph, rule):
+    assert rule_breaks(graph)[rule] == []
 
 
-def test_the_gpu_layer_does_not_import_the_engine(graph):
-    engine_not_gpu = tuple(p for p in ENGINE if p != "workbench.gpu")
-    chains = [_path_to(graph, name, lambda m: _is(m, engine_not_gpu) or _is(m, FRONT_END))
-              for name in graph if _is(name, ("workbench.gpu",))]
-    assert [" -> ".join(c) for c in chains if c] == []
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for folder in [root / "pkg", *(p for p in (root / "pkg").rglob("*") if p.is_dir())]:
+        (folder / "__init__.py").touch()
+    return root / "pkg"
+
+
+# Each case breaks one rule, the way a real change would (often through a lazy import).
+BROKEN = {
+    "engine reaches a view or the server": {
+        "engine/train.py": "def fit():\n    from pkg.engine import progress\n",
+        "engine/progress.py": "def show():\n    from IPython.display import display\n",
+    },
+    "server reaches the engine, tasks, sources or torch": {
+        "server/lab.py": "from pkg.server import guard\n",
+        "server/guard.py": "def check():\n    from pkg.sources import models\n",
+        "sources/models.py": "import torch\n",
+    },
+    "tasks reach the engine": {"tasks/causal_lm.py": "from pkg.engine.checkpoint import write\n",
+                               "engine/checkpoint.py": ""},
+    "gpu reaches the engine, tasks or views": {"gpu/nvml.py": "import ipywidgets\n"},
+    "import circles": {
+        "server/guard.py": "from pkg.server import identity\n",
+        "server/identity.py": "from pkg.server.origins import allowed\n",
+        "server/origins.py": "def allowed():\n    from pkg.server import guard\n",
+    },
+}
+
+
+@pytest.mark.parametrize("rule", list(BROKEN))
+def test_the_check_catches_a_broken_rule(tmp_path, rule):
+    """The checks themselves can fail: each broken package is caught by its rule, and only by it."""
+    breaks = rule_breaks(build_graph(_write(tmp_path, BROKEN[rule])))
+    assert breaks[rule], f"{rule}: not caught"
+    assert [r for r, found in breaks.items() if found] == [rule]
 
 
 def test_the_walk_would_catch_a_lazy_front_end_import(tmp_path):
-    """The check itself can fail: a function-level import of ipywidgets is found."""
     module = tmp_path / "lazy.py"
     module.write_text("def show():\n    import ipywidgets\n    from IPython.display import display\n")
     assert {"ipywidgets", "IPython.display"} <= _imports(module, set())

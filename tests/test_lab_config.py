@@ -15,8 +15,8 @@ import pytest
 from lab_helpers import SERVER_CONFIG
 from traitlets.config import Config
 
-from workbench import lab, lab_guard
 from workbench.errors import LabConfigError
+from workbench.server import credentials, floor, guard, lab, origins
 
 GOOD_TOKEN = "Zq3v9XkP2mW8rT5yB7nL4cH6jD1fG0sA-_eRuIoQpKx"  # 43 characters, as token_urlsafe(32) makes
 
@@ -26,9 +26,9 @@ def clean_env(monkeypatch):
     for name in list(os.environ):
         if name.startswith(("JUPYTER_TOKEN", "WORKBENCH_")):
             monkeypatch.delenv(name)
-    monkeypatch.setattr(lab_guard, "_generated_token", None)
-    monkeypatch.setattr(lab_guard, "_resolved", None)
-    monkeypatch.setattr(lab_guard, "_url_printed", False)
+    monkeypatch.setattr(credentials, "_generated_token", None)
+    monkeypatch.setattr(credentials, "_resolved", None)
+    monkeypatch.setattr(guard, "_url_printed", False)
 
 
 def load_config(monkeypatch, euid: int = 1000, **env: str) -> Config:
@@ -37,8 +37,8 @@ def load_config(monkeypatch, euid: int = 1000, **env: str) -> Config:
     monkeypatch.setattr(os, "geteuid", lambda: euid)
     # Process-wide hooks (a patched ServerApp, a log record factory) are for the server's
     # process; the real-server tests check them. Here they would leak into other tests.
-    monkeypatch.setattr(lab_guard, "pin_guard_extension", lambda: None)
-    monkeypatch.setattr(lab_guard, "install_log_redaction", lambda secrets=(): None)
+    monkeypatch.setattr(guard, "pin_guard_extension", lambda: None)
+    monkeypatch.setattr(guard, "install_log_redaction", lambda secrets=(): None)
     config = Config()
     runpy.run_path(str(SERVER_CONFIG), init_globals={"get_config": lambda: config})
     return config
@@ -49,8 +49,8 @@ def load_config(monkeypatch, euid: int = 1000, **env: str) -> Config:
 
 def test_config_sets_the_secure_values(monkeypatch):
     c = load_config(monkeypatch, JUPYTER_TOKEN=GOOD_TOKEN, WORKBENCH_NOTEBOOK_DIR="/srv/work")
-    assert c.ServerApp.jpserver_extensions == {"workbench.lab_guard": True}
-    assert c.ServerApp.identity_provider_class == "workbench.lab_identity.WorkbenchIdentityProvider"
+    assert c.ServerApp.jpserver_extensions == {"workbench.server.guard": True}
+    assert c.ServerApp.identity_provider_class == "workbench.server.identity.WorkbenchIdentityProvider"
     assert c.IdentityProvider.cookie_options == {"samesite": "Strict"}
     assert c.IdentityProvider.token == GOOD_TOKEN
     assert c.ServerApp.disable_check_xsrf is False
@@ -83,7 +83,7 @@ def test_config_removes_credentials_from_the_environment(monkeypatch):
 def test_config_generates_a_token_once(monkeypatch):
     first = load_config(monkeypatch).IdentityProvider.token
     second = load_config(monkeypatch).IdentityProvider.token
-    assert len(first) >= lab_guard.MIN_TOKEN_LENGTH
+    assert len(first) >= credentials.MIN_TOKEN_LENGTH
     assert first == second, "loading the config twice in one process must keep one token"
 
 
@@ -140,7 +140,7 @@ def test_token_file_owner_only(tmp_path):
     path = tmp_path / "token"
     path.write_text(GOOD_TOKEN + "\n")
     path.chmod(0o600)
-    choice = lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
+    choice = credentials.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
     assert (choice.token, choice.source) == (GOOD_TOKEN, "JUPYTER_TOKEN_FILE")
 
 
@@ -150,17 +150,17 @@ def test_token_file_open_to_others_is_refused(tmp_path, mode):
     path.write_text(GOOD_TOKEN)
     path.chmod(mode)
     with pytest.raises(LabConfigError, match="chmod 600"):
-        lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
+        credentials.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
 
 
 def test_token_file_missing_or_short(tmp_path):
     with pytest.raises(LabConfigError, match="cannot be read"):
-        lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(tmp_path / "nope")})
+        credentials.resolve_token({"JUPYTER_TOKEN_FILE": str(tmp_path / "nope")})
     path = tmp_path / "token"
     path.write_text("abc\n")
     path.chmod(stat.S_IRUSR)
     with pytest.raises(LabConfigError, match="at least 32"):
-        lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
+        credentials.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
 
 
 def test_token_file_of_another_user_says_whose_it_must_be(tmp_path, monkeypatch):
@@ -173,14 +173,14 @@ def test_token_file_of_another_user_says_whose_it_must_be(tmp_path, monkeypatch)
 
     monkeypatch.setattr(type(path), "read_text", unreadable)
     with pytest.raises(LabConfigError, match="cannot be read by uid") as info:
-        lab_guard.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
+        credentials.resolve_token({"JUPYTER_TOKEN_FILE": str(path)})
     assert "chown" in info.value.fix and "chmod 600" in info.value.fix
 
 
 def test_env_token_wins_over_file_and_generation():
-    choice = lab_guard.resolve_token({"JUPYTER_TOKEN": GOOD_TOKEN, "JUPYTER_TOKEN_FILE": "/nope"})
+    choice = credentials.resolve_token({"JUPYTER_TOKEN": GOOD_TOKEN, "JUPYTER_TOKEN_FILE": "/nope"})
     assert choice.source == "JUPYTER_TOKEN"
-    generated = lab_guard.resolve_token({})
+    generated = credentials.resolve_token({})
     assert generated.source == "generated" and generated.token != GOOD_TOKEN
 
 
@@ -190,7 +190,7 @@ def test_env_token_wins_over_file_and_generation():
 @pytest.mark.parametrize("token", ["a" * 32, "ab" * 16, "abcdefgh" * 5, "0" * 64, "\n" + "a" * 40])
 def test_predictable_tokens_are_refused(token):
     with pytest.raises(LabConfigError, match="too predictable") as info:
-        lab_guard.resolve_token({"JUPYTER_TOKEN": token})
+        credentials.resolve_token({"JUPYTER_TOKEN": token})
     assert "secrets.token_urlsafe(32)" in info.value.fix
 
 
@@ -198,13 +198,13 @@ def test_random_tokens_pass_and_are_stripped():
     import secrets
 
     for _ in range(200):  # what the documented commands make always passes
-        lab_guard.resolve_token({"JUPYTER_TOKEN": secrets.token_urlsafe(32)})
-        lab_guard.resolve_token({"JUPYTER_TOKEN": secrets.token_hex(32)})
+        credentials.resolve_token({"JUPYTER_TOKEN": secrets.token_urlsafe(32)})
+        credentials.resolve_token({"JUPYTER_TOKEN": secrets.token_hex(32)})
         # 128 random bits as hex (`openssl rand -hex 16`, JupyterHub's API tokens): ~14 of the
         # 16 digits show, which a length x log2(distinct) estimate would call 118 bits.
-        lab_guard.resolve_token({"JUPYTER_TOKEN": secrets.token_hex(16)})
-        lab_guard.resolve_token({"JUPYTER_TOKEN": secrets.token_hex(16).upper()})
-    assert lab_guard.resolve_token({"JUPYTER_TOKEN": f"  {GOOD_TOKEN}\n"}).token == GOOD_TOKEN
+        credentials.resolve_token({"JUPYTER_TOKEN": secrets.token_hex(16)})
+        credentials.resolve_token({"JUPYTER_TOKEN": secrets.token_hex(16).upper()})
+    assert credentials.resolve_token({"JUPYTER_TOKEN": f"  {GOOD_TOKEN}\n"}).token == GOOD_TOKEN
 
 
 # --- origins and headers ----------------------------------------------------------------------
@@ -223,14 +223,14 @@ def test_random_tokens_pass_and_are_stripped():
     ("https://tools.example.org.evil", "127.0.0.1:8888", "https://tools.example.org", False),
 ])
 def test_origin_allowed(origin, host, allowed, ok):
-    assert lab_guard.origin_allowed(origin, host, allowed) is ok
+    assert origins.origin_allowed(origin, host, allowed) is ok
 
 
 @pytest.mark.parametrize("value", ["*", "null", "https://*.example.org", "https://a.example/", "http://a.example:1/x",
                                    "HTTPS://A.example", "a.example", ".*"])
 def test_allow_origin_must_be_one_exact_origin(value):
     with pytest.raises(LabConfigError):
-        lab_guard.check_allow_origin(value)
+        origins.check_allow_origin(value)
 
 
 @pytest.mark.parametrize("headers", [
@@ -242,30 +242,30 @@ def test_allow_origin_must_be_one_exact_origin(value):
 ])
 def test_unsafe_headers_are_refused(headers):
     with pytest.raises(LabConfigError, match="Fix:"):
-        lab_guard.check_headers(headers)
+        floor.check_headers(headers)
 
 
 def test_safe_headers_pass():
-    lab_guard.check_headers({"Content-Security-Policy": "frame-ancestors 'self'; report-uri /x", "X-Extra": "1"})
+    floor.check_headers({"Content-Security-Policy": "frame-ancestors 'self'; report-uri /x", "X-Extra": "1"})
 
 
 def test_runtime_dir_must_be_private(tmp_path):
     folder = tmp_path / "runtime"
     folder.mkdir(mode=0o700)
-    lab_guard.check_runtime_dir(str(folder))
+    floor.check_runtime_dir(str(folder))
     folder.chmod(0o755)
     with pytest.raises(LabConfigError, match="chmod 700"):
-        lab_guard.check_runtime_dir(str(folder))
+        floor.check_runtime_dir(str(folder))
     folder.chmod(0o700)
     with pytest.raises(LabConfigError, match="owner"):
-        lab_guard.check_runtime_dir(str(folder), euid=os.geteuid() + 1)
+        floor.check_runtime_dir(str(folder), euid=os.geteuid() + 1)
 
 
 def test_redaction(monkeypatch):
-    monkeypatch.setattr(lab_guard, "_secrets", {"s3cr3t-token-value-1234567890"})
+    monkeypatch.setattr(guard, "_secrets", {"s3cr3t-token-value-1234567890"})
     line = ('404 GET /api/x?a=1&token=abc123&_xsrf=2|x (127.0.0.1) {"Authorization": "token xyz", '
             '"token": "plain"} Cookie: username-x=sig s3cr3t-token-value-1234567890')
-    clean = lab_guard.redact(line)
+    clean = guard.redact(line)
     for secret in ("abc123", "2|x", "xyz", "plain", "sig", "s3cr3t"):
         assert secret not in clean, clean
     assert "/api/x?a=1&token=[secret]" in clean
@@ -281,9 +281,9 @@ SAFE = {
 
 
 def test_safe_settings_pass():
-    lab_guard.check_settings(SAFE)
-    lab_guard.check_settings({**SAFE, "token": "", "hashed_password": "argon2:$argon2id$..."})
-    lab_guard.check_settings({**SAFE, "allow_origin": "https://tools.example.org"})
+    floor.check_settings(SAFE)
+    floor.check_settings({**SAFE, "token": "", "hashed_password": "argon2:$argon2id$..."})
+    floor.check_settings({**SAFE, "allow_origin": "https://tools.example.org"})
 
 
 @pytest.mark.parametrize(
@@ -316,22 +316,22 @@ def test_safe_settings_pass():
 )
 def test_unsafe_settings_are_refused(change, expected):
     with pytest.raises(LabConfigError, match=expected.replace("*", r"\*")) as info:
-        lab_guard.check_settings({**SAFE, **change})
+        floor.check_settings({**SAFE, **change})
     assert info.value.fix
 
 
 def test_root_allowed_explicitly(monkeypatch):
     monkeypatch.setenv("WORKBENCH_ALLOW_ROOT", "1")
-    lab_guard.check_settings({**SAFE, "euid": 0})
+    floor.check_settings({**SAFE, "euid": 0})
 
 
 def test_security_floors():
-    lab_guard.check_versions({"jupyter_server": "2.21.1", "jupyterlab": "4.6.6", "tornado": "6.6.1"})
+    floor.check_versions({"jupyter_server": "2.21.1", "jupyterlab": "4.6.6", "tornado": "6.6.1"})
     with pytest.raises(LabConfigError, match="jupyter_server 2.20.0 is older than 2.21.0"):
-        lab_guard.check_versions({"jupyter_server": "2.20.0", "jupyterlab": "4.6.6"})
+        floor.check_versions({"jupyter_server": "2.20.0", "jupyterlab": "4.6.6"})
     with pytest.raises(LabConfigError, match="jupyterlab 4.6.3"):
-        lab_guard.check_versions({"jupyter_server": "2.21.1", "jupyterlab": "4.6.3"})
-    lab_guard.check_versions()  # the installed environment meets the floors
+        floor.check_versions({"jupyter_server": "2.21.1", "jupyterlab": "4.6.3"})
+    floor.check_versions()  # the installed environment meets the floors
 
 
 def test_pinned_environment_and_pyproject_meet_the_floors():
@@ -342,7 +342,7 @@ def test_pinned_environment_and_pyproject_meet_the_floors():
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         pytest.skip("tomllib needs Python 3.11")
-    repo = SERVER_CONFIG.parents[2]
+    repo = SERVER_CONFIG.parents[3]
     deps = {Requirement(d).name.replace("-", "_").lower(): Requirement(d)
             for d in tomllib.loads((repo / "pyproject.toml").read_text())["project"]["dependencies"]}
     for constraints in ("constraints-cpu.txt", "constraints-gpu.txt"):
@@ -351,11 +351,11 @@ def test_pinned_environment_and_pyproject_meet_the_floors():
             if "==" in line and not line.startswith("#"):
                 name, version = line.split("==")
                 pins[name.strip().replace("-", "_").lower()] = version.strip()
-        for package, floor in lab_guard.SECURITY_FLOORS.items():
-            assert Version(pins[package]) >= Version(floor), f"{constraints}: {package}"
+        for package, minimum in floor.SECURITY_FLOORS.items():
+            assert Version(pins[package]) >= Version(minimum), f"{constraints}: {package}"
     for package in ("jupyter_server", "jupyterlab"):
-        assert deps[package].specifier.contains(lab_guard.SECURITY_FLOORS[package])
-        below = Version(lab_guard.SECURITY_FLOORS[package]).release
+        assert deps[package].specifier.contains(floor.SECURITY_FLOORS[package])
+        below = Version(floor.SECURITY_FLOORS[package]).release
         older = ".".join(map(str, (*below[:-1], below[-1] - 1))) if below[-1] else None
         if older:
             assert not deps[package].specifier.contains(older), f"pyproject allows {package} {older}"
@@ -365,7 +365,7 @@ def test_pinned_environment_and_pyproject_meet_the_floors():
 
 
 @pytest.mark.parametrize("args", [
-    ["--ServerApp.jpserver_extensions=workbench.lab_guard=False"], ["--config=/tmp/x.py"], ["--IdentityProvider.token="],
+    ["--ServerApp.jpserver_extensions=workbench.server.guard=False"], ["--config=/tmp/x.py"], ["--IdentityProvider.token="],
     ["--ServerApp.token=abc"], ["--ServerApp.tornado_settings={}"], ["--ServerApp.allow_origin=*"],
     ["--ServerApp.disable_check_xsrf=True"], ["--ServerApp.allow_remote_access=True"], ["--allow-root"],
     ["--ServerApp.identity_provider_class=x"], ["--ServerApp.authorizer_class=x"], ["--generate-config"],

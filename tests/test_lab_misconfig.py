@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from lab_helpers import REPO, WORKBENCH, free_port, isolated_env, jupyter_argv, lab_argv, new_token
 
-from workbench import lab
+from workbench.server import lab
 
 FORKSERVER = Path(__file__).with_name("lab_forkserver.py")
 
@@ -46,7 +46,7 @@ class Case:
     mode: int | None = None  # chmod of the runtime folder
 
 
-DISABLE_GUARD = "--ServerApp.jpserver_extensions=workbench.lab_guard=False"
+DISABLE_GUARD = "--ServerApp.jpserver_extensions=workbench.server.guard=False"
 CSP_ANY = "{'headers': {'Content-Security-Policy': \"frame-ancestors *\"}}"
 CASES: dict[str, Case] = {
     # --- `workbench lab -- ...`: the allow-list -------------------------------------------------
@@ -131,21 +131,21 @@ CASES: dict[str, Case] = {
     # identity provider -- cannot be changed by these files at all: the --config file is
     # loaded last. So each file disables the guard and sets something the workbench leaves alone.)
     "user_config_py_disables_guard": Case("jupyter", [], "Content-Security-Policy", files={
-        "<config>/jupyter_config.py": "c.ServerApp.jpserver_extensions = {'workbench.lab_guard': False}\n"
+        "<config>/jupyter_config.py": "c.ServerApp.jpserver_extensions = {'workbench.server.guard': False}\n"
                                       f"c.ServerApp.tornado_settings = {CSP_ANY}\n"}),
     "user_config_json_disables_guard": Case("lab", [], "nbconvert_csp_sandbox", files={
         "<config>/jupyter_config.json": json.dumps({"ServerApp": {
-            "jpserver_extensions": {"workbench.lab_guard": False}, "nbconvert_csp_sandbox": False}})}),
+            "jpserver_extensions": {"workbench.server.guard": False}, "nbconvert_csp_sandbox": False}})}),
     "server_config_d_disables_guard": Case("lab", [], "Access-Control-Allow-Origin", files={
         "<config>/jupyter_server_config.d/zz-off.json": json.dumps({"ServerApp": {
-            "jpserver_extensions": {"workbench.lab_guard": False}}}),
+            "jpserver_extensions": {"workbench.server.guard": False}}}),
         "<config>/jupyter_config.json": json.dumps({"ServerApp": {
             "tornado_settings": {"headers": {"Access-Control-Allow-Origin": "*"}}}})}),
     "config_path_login_handler": Case("lab", [], "login/logout handlers", files={
         "<path>/jupyter_config.py": "c.IdentityProvider.login_handler_class = "
                                     "'jupyter_server.auth.login.LegacyLoginHandler'\n"}),
     "config_path_disables_guard_origin": Case("lab", [], "tornado_settings sets 'allow_origin'", files={
-        "<path>/jupyter_config.py": "c.ServerApp.jpserver_extensions = {'workbench.lab_guard': False}\n"
+        "<path>/jupyter_config.py": "c.ServerApp.jpserver_extensions = {'workbench.server.guard': False}\n"
                                     "c.ServerApp.tornado_settings = {'allow_origin': '*'}\n"}),
     "user_config_tornado_xsrf_cookies_off": Case("lab", [], "XSRF protection is disabled", files={
         "<config>/jupyter_config.py": "c.ServerApp.tornado_settings = {'xsrf_cookies': False}\n"}),

@@ -24,7 +24,7 @@ WRONG = "W" * 43  # a well-formed token that is not the server's
 SECRET_CONTENT = "TOP-SECRET-CONTENT\n"
 HOSTILE_USER_CONFIG = {
     "ServerApp": {
-        "jpserver_extensions": {"workbench.lab_guard": False},
+        "jpserver_extensions": {"workbench.server.guard": False},
         "allow_origin": "*", "allow_remote_access": True, "disable_check_xsrf": True,
         "allow_unauthenticated_access": True, "open_browser": True,
         "identity_provider_class": "jupyter_server.auth.identity.PasswordIdentityProvider",
@@ -207,7 +207,7 @@ def test_hostile_user_config_had_no_effect(lab):
     log = lab.log()
     # (jpserver_extensions from this file is already overridden by the --config file; the
     # command line and .d folders, which win over it, are in test_lab_misconfig.py.)
-    assert "workbench.lab_guard | extension was successfully loaded" in log
+    assert "workbench.server.guard | extension was successfully loaded" in log
     response = http().get(f"{lab.url}/api/contents")
     assert response.status_code == 403, "allow_unauthenticated_access / the empty token had no effect"
 

@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-from workbench import lora
-from workbench.batching import LengthGroupedBatchSampler
 from workbench.config import ModelChoice, TrainConfig
+from workbench.engine.batching import LengthGroupedBatchSampler
 from workbench.errors import ConfigError
-from workbench.synthetic_llm import make_chat_dataset
+from workbench.sources.synthetic_llm import make_chat_dataset
+from workbench.tasks import lora
 from workbench.tasks.causal_lm import CausalLMTask
 
 LLAMA_PROJECTIONS = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]

@@ -1,6 +1,6 @@
 import torch
 
-from workbench.memory import is_oom
+from workbench.engine.memory import is_oom
 
 
 def test_is_oom_recognises_out_of_memory_errors_only():

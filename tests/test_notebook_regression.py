@@ -412,7 +412,7 @@ def test_tiny_data_placeholder_writes_learnable_csvs(tmp_path):
 
 def test_chat_data_placeholder_writes_chats_a_causal_lm_trains_on(tmp_path):
     from workbench.config import DatasetChoice, TrainConfig
-    from workbench.data import load_splits
+    from workbench.sources.data import load_splits
     from workbench.tasks.causal_lm import CausalLMTask
 
     folder = Path(prepare_placeholders({"chat_data"}, tmp_path)["chat_data"])
@@ -424,7 +424,7 @@ def test_chat_data_placeholder_writes_chats_a_causal_lm_trains_on(tmp_path):
 
 
 def test_smollm2_placeholder_reuses_the_tests_conversion(smollm2_dir, tmp_path, monkeypatch):
-    import workbench.gguf
+    import workbench.sources.gguf
 
     monkeypatch.setenv("WORKBENCH_TEST_CACHE", str(smollm2_dir.parent))
     assert prepare_placeholders({"smollm2"}, tmp_path) == {"smollm2": str(smollm2_dir)}
@@ -432,7 +432,7 @@ def test_smollm2_placeholder_reuses_the_tests_conversion(smollm2_dir, tmp_path, 
     # Without a finished conversion there, one is made in the shared folder.
     monkeypatch.setenv("WORKBENCH_TEST_CACHE", str(tmp_path / "empty"))
     calls = []
-    monkeypatch.setattr(workbench.gguf, "convert_gguf", lambda src, out: calls.append(out) or out)
+    monkeypatch.setattr(workbench.sources.gguf, "convert_gguf", lambda src, out: calls.append(out) or out)
     assert prepare_placeholders({"smollm2"}, tmp_path) == {"smollm2": str(tmp_path / SMOLLM2_DIR)}
     assert calls == [tmp_path / SMOLLM2_DIR]
 

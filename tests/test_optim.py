@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from workbench.config import TrainConfig
-from workbench.optim import make_optimizer, make_scheduler
+from workbench.engine.optim import make_optimizer, make_scheduler
 
 
 def _schedule_of_v0_1(name: str, warmup: int, total: int):

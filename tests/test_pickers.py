@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from workbench.config import RunSpec, TrainConfig
-from workbench.synthetic import write_csv
+from workbench.sources.synthetic import write_csv
 from workbench.widgets.pickers import DatasetPicker, ModelPicker, papermill_command, pickers
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import pytest
 
 from workbench.config import RunSpec, TrainConfig
 from workbench.errors import ConfigError, WorkbenchError
-from workbench.synthetic_llm import make_chat_rows
+from workbench.sources.synthetic_llm import make_chat_rows
 from workbench.widgets.pickers import DatasetPicker, ModelPicker, pickers
 
 GiB = 2**30
@@ -172,7 +172,7 @@ def test_prompt_completion_rows_preview_the_completion(tiny_llama_dir, tmp_path)
 
 
 def test_classification_data_is_not_taken_for_chats(tmp_path):
-    from workbench.synthetic import write_csv
+    from workbench.sources.synthetic import write_csv
 
     write_csv(tmp_path / "train.csv", 40)
     picker = DatasetPicker()
@@ -186,7 +186,7 @@ def test_classification_data_is_not_taken_for_chats(tmp_path):
 
 
 def test_export_writes_task_causal_lm_and_round_trips(tiny_llama_dir, tmp_path):
-    from workbench.inputs import resolve_data
+    from workbench.engine.inputs import resolve_data
     from workbench.tasks import make_task
 
     rows = [{"conversation": r["messages"]} for r in make_chat_rows(12)]  # not the default column name
@@ -226,7 +226,7 @@ def test_export_writes_task_causal_lm_and_round_trips(tiny_llama_dir, tmp_path):
 
 
 def test_causal_estimate_without_a_gpu(tiny_llama_dir, monkeypatch):
-    from workbench import models
+    from workbench.sources import models
 
     monkeypatch.setattr(models, "_free_memory", lambda *args: (None, None, None))  # a machine with no GPU
     picker = ModelPicker()

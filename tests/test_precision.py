@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench.errors import ConfigError
-from workbench.precision import (
+from workbench.engine.precision import (
     DeviceFacts,
     accelerate_mixed_precision,
     resolve_precision,
     uses_scaler,
 )
+from workbench.errors import ConfigError
 
 CPU = DeviceFacts(cuda=False, bf16=False)
 AMPERE = DeviceFacts(cuda=True, bf16=True, name="NVIDIA A100")
@@ -53,7 +53,7 @@ def test_accelerate_names_and_scaler():
 
 def test_bf16_trains_on_cpu(tiny_bert, tmp_path):
     from workbench.frontend import fit
-    from workbench.synthetic import make_dataset
+    from workbench.sources.synthetic import make_dataset
 
     torch.set_num_threads(2)
     result = fit(str(tiny_bert), make_dataset(64, 32), output_dir=str(tmp_path / "run"), precision="bf16",
@@ -66,7 +66,7 @@ def test_bf16_trains_on_cpu(tiny_bert, tmp_path):
 
 def test_fp16_fit_on_cpu_fails_before_training(tiny_bert, tmp_path):
     from workbench.frontend import fit
-    from workbench.synthetic import make_dataset
+    from workbench.sources.synthetic import make_dataset
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: fp16 is valid here (see tests/gpu)")

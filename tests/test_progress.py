@@ -1,4 +1,4 @@
-"""Progress views: console lines and the output choice (workbench.progress, headless),
+"""Progress views: console lines and the output choice (workbench.engine.progress, headless),
 the view each place gets (workbench.frontend.make_view), and the notebook view's
 throttled redraws (workbench.widgets.progress)."""
 
@@ -11,16 +11,16 @@ import types
 
 import pytest
 
-from workbench import progress
-from workbench.errors import ConfigError
-from workbench.frontend import make_view as make_progress
-from workbench.progress import (
+from workbench.engine import progress
+from workbench.engine.progress import (
     ConsoleProgress,
     RunHistory,
     choose_mode,
     format_duration,
     format_train_line,
 )
+from workbench.errors import ConfigError
+from workbench.frontend import make_view as make_progress
 from workbench.widgets.progress import NotebookProgress, Throttle
 
 
@@ -147,7 +147,7 @@ def test_real_papermill_kernel_gets_console_lines(tmp_path):
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(
-        "from workbench.progress import choose_mode\nprint('MODE', choose_mode('auto'))"
+        "from workbench.engine.progress import choose_mode\nprint('MODE', choose_mode('auto'))"
     )]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     src, dst = tmp_path / "in.ipynb", tmp_path / "out.ipynb"

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 from workbench.errors import WorkbenchError
-from workbench.record import MAX_RECORD_BYTES, MIMETYPE, read_records, record
+from workbench.notebook_regression.record import MAX_RECORD_BYTES, MIMETYPE, read_records, record
 
 
 def test_outside_a_kernel_record_logs_and_returns_the_value(caplog):

@@ -1,4 +1,4 @@
-"""workbench.run_lock: one run per output folder, checked with real processes."""
+"""workbench.engine.run_lock: one run per output folder, checked with real processes."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import time
 
 import pytest
 
-from workbench import run_lock
+from workbench.engine import run_lock
 from workbench.errors import OutputDirLockedError
 
 # A second process that takes the lock, writes a real event log like a run, says so, and
 # holds the lock until its stdin closes (or it is killed).
 HOLDER = """
 import sys
-from workbench import run_lock
-from workbench.events import EventLog
+from workbench.engine import run_lock
+from workbench.engine.events import EventLog
 lock = run_lock.acquire(sys.argv[1])
 log = EventLog(sys.argv[1], tensorboard=False)
 log.write("start", total_steps=10)
@@ -35,7 +35,7 @@ lock.release()
 # Several of these start together; each tries once and reports.
 CONTENDER = """
 import sys, time
-from workbench import run_lock
+from workbench.engine import run_lock
 from workbench.errors import OutputDirLockedError
 start_at = float(sys.argv[2])
 time.sleep(max(0.0, start_at - time.time()))

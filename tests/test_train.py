@@ -11,10 +11,11 @@ import pytest
 import torch
 from datasets import Dataset, DatasetDict
 
-from workbench import checkpoint, frontend, train
+from workbench import frontend
+from workbench.engine import checkpoint, train
 from workbench.errors import CheckpointError, ConfigError, DataError, ModelError, TrainingError
 from workbench.frontend import fit
-from workbench.synthetic import make_dataset
+from workbench.sources.synthetic import make_dataset
 from workbench.tasks.classification import ClassificationTask
 
 

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 import workbench
-from workbench import checkpoint
+from workbench.engine import checkpoint
+from workbench.engine.train import fit
 from workbench.errors import CheckpointError, ConfigError
-from workbench.synthetic_llm import make_chat_dataset, make_chat_rows
-from workbench.train import fit
+from workbench.sources.synthetic_llm import make_chat_dataset, make_chat_rows
 
 LORA = {"task": "causal_lm", "lora_r": 4, "lora_alpha": 8, "learning_rate": 3e-3, "batch_size": 8,
         "max_length": 160, "num_workers": 0, "log_every": 1}
@@ -143,9 +143,9 @@ WORKER = r'''
 import os, sys, time
 import torch
 torch.set_num_threads(1)
-import workbench.events as events
-from workbench.synthetic_llm import make_chat_dataset
-from workbench.train import fit
+import workbench.engine.events as events
+from workbench.sources.synthetic_llm import make_chat_dataset
+from workbench.engine.train import fit
 
 slow = float(os.environ.get("SLOW_STEP_S", "0"))
 if slow:  # long enough to be killed part-way

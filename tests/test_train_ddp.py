@@ -11,14 +11,14 @@ from collections import Counter
 import pytest
 
 from workbench.config import DatasetChoice, ModelChoice, RunSpec, TrainConfig
-from workbench.synthetic import write_csv
+from workbench.sources.synthetic import write_csv
 
 # `workbench train` as torchrun starts it, plus a hash of each rank's final weights
 # (taken where the engine saves the final model, which every rank reaches).
 HASHING_LAUNCHER = r'''
 import hashlib, os, sys
 from pathlib import Path
-import workbench.train as engine
+import workbench.engine.train as engine
 from workbench.cli import main
 
 hashes, original = Path(os.environ["HASH_DIR"]), engine._save_model
@@ -81,7 +81,7 @@ def test_two_processes_stay_identical_and_only_rank0_writes(tiny_bert, tmp_path)
 def test_fit_distributed_from_a_notebook_process(tiny_bert, tmp_path):
     """accelerate.notebook_launcher forks two gloo workers; the result comes back from disk."""
     from workbench.frontend import fit_distributed
-    from workbench.synthetic import make_dataset
+    from workbench.sources.synthetic import make_dataset
 
     result = fit_distributed(str(tiny_bert), make_dataset(64, 16, seed=3), num_processes=2,
                              output_dir=str(tmp_path / "run"), learning_rate=2e-3, batch_size=8, max_steps=3,
@@ -108,7 +108,7 @@ def test_fit_distributed_refuses_once_cuda_is_initialised(monkeypatch, tmp_path)
 def test_two_processes_train_the_same_lora_adapter(tiny_llama_dir, tmp_path):
     """task: causal_lm under torchrun: rows split by rank, supervised-token-weighted
     accumulation, the adapters all-reduced (frozen base weights take no part)."""
-    from workbench.synthetic_llm import make_chat_rows
+    from workbench.sources.synthetic_llm import make_chat_rows
 
     data = tmp_path / "chats"
     data.mkdir()

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import torch
 
-from workbench.metrics import accuracy, classification_metrics, confusion_matrix, macro_f1
+from workbench.tasks.metrics import accuracy, classification_metrics, confusion_matrix, macro_f1
 
 
 def test_accuracy():

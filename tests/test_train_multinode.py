@@ -36,7 +36,7 @@ import torch
 from lab_helpers import free_port
 
 from workbench.config import DatasetChoice, ModelChoice, RunSpec, TrainConfig
-from workbench.synthetic import write_csv
+from workbench.sources.synthetic import write_csv
 
 # More than 30 s on 2 cores (real processes); CI runs them (scripts/test.sh selects no marker).
 pytestmark = pytest.mark.slow
@@ -241,7 +241,7 @@ def test_an_output_folder_that_is_not_shared_is_refused_instead_of_hanging(run_c
     _wait(first, timeout=240)
     # Each process writes its RNG state into the checkpoint, but only rank 0 completes one:
     # node 1's folder holds no valid checkpoint.
-    from workbench import checkpoint
+    from workbench.engine import checkpoint
 
     assert checkpoint.list_checkpoints(tmp_path / "node1") == []
     assert checkpoint.list_checkpoints(tmp_path / "node0")

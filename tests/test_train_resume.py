@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import checkpoint
+from workbench.engine import checkpoint
 
 WORKER = r'''
 import os, sys, time
 import torch
 torch.set_num_threads(1)
 import accelerate
-import workbench.events as events
-from workbench.synthetic import make_dataset
-from workbench.train import fit
+import workbench.engine.events as events
+from workbench.sources.synthetic import make_dataset
+from workbench.engine.train import fit
 
 pause = os.environ.get("PAUSE_IN_SAVE")  # "<step>:<flag file>": stall inside that step's checkpoint
 if pause:  # the files are written, the manifest is not: the checkpoint is half on disk

@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from workbench import cli, events
+from workbench import cli
+from workbench.engine import events
+from workbench.engine.events import EventLog
 from workbench.errors import WorkbenchError
-from workbench.events import EventLog
 from workbench.frontend import watch
 
 
@@ -44,7 +45,7 @@ def test_finished_run_renders_its_whole_history_at_once(tmp_path):
 def test_follows_a_run_written_by_another_process_and_returns_at_end(tmp_path):
     writer = textwrap.dedent("""
         import sys, time
-        from workbench.events import EventLog
+        from workbench.engine.events import EventLog
         log = EventLog(sys.argv[1], tensorboard=False)
         log.write("start", total_steps=5, num_epochs=1, config={}, world_size=1)
         for step in range(1, 6):
@@ -124,7 +125,7 @@ def test_cli_no_follow_prints_history_and_exit_status(tmp_path, capsys):
 
 def test_workbench_watch_is_the_function_even_after_the_cli_module_was_imported(tmp_path):
     import workbench
-    import workbench.watcher  # noqa: F401  (the CLI imports it; no name clash with the function)
+    import workbench.engine.watcher  # noqa: F401  (the CLI imports it; no name clash with the function)
 
     write_finished_run(tmp_path, steps=1)
     history = workbench.watch(tmp_path, mode="none", follow=False)

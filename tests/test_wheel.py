@@ -128,15 +128,15 @@ def test_the_wheel_holds_every_module_notebook_and_data_file(installed):
     assert notebooks and notebooks <= names, sorted(notebooks - names)
     for data in ("workbench/notebook_regression/profiles.yaml",
                  "workbench/notebook_regression/baselines.yaml",
-                 "workbench/lab_config/jupyter_server_config.py", "workbench/py.typed"):  # fmt: skip
+                 "workbench/server/jupyter_config/jupyter_server_config.py", "workbench/py.typed"):  # fmt: skip
         assert data in names, data
 
 
 def test_the_wheels_files_are_the_ones_imported(installed):
     code = (
-        "import json, workbench, workbench.lab_config, workbench._notebooks\n"
+        "import json, workbench, workbench.server.jupyter_config, workbench._notebooks\n"
         "from workbench.notebook_regression import bundled\n"
-        "print(json.dumps([workbench.__file__, workbench.lab_config.__file__,\n"
+        "print(json.dumps([workbench.__file__, workbench.server.jupyter_config.__file__,\n"
         "                  str(bundled.notebooks_dir()), str(bundled.profiles_file())]))\n"
     )
     done = installed.run(installed.bin("python"), "-c", code)
@@ -170,7 +170,7 @@ def test_lab_from_the_wheel_needs_the_token(installed, tmp_path):
                             headers={"Authorization": f"token {token}"})  # fmt: skip
         assert right.status_code == 200, right.text
         # The server ran the configuration shipped in the wheel.
-        assert str(installed.site_packages / "workbench" / "lab_config") in server.log()
+        assert str(installed.site_packages / "workbench" / "server" / "jupyter_config") in server.log()
     finally:
         server.stop()
 

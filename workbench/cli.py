@@ -17,9 +17,9 @@ from workbench.errors import WorkbenchError
 # name -> (module, one-line help)
 SUBCOMMANDS = {
     "doctor": ("workbench.diagnostics.cli", "diagnose the GPU, CUDA, PyTorch and Jupyter environment"),
-    "lab": ("workbench.lab", "start a token-protected JupyterLab with the workbench"),
-    "train": ("workbench.train_cli", "fine-tune from a parameter file (works under torchrun)"),
-    "watch": ("workbench.watcher", "follow a run's progress from its event log"),
+    "lab": ("workbench.server.lab", "start a token-protected JupyterLab with the workbench"),
+    "train": ("workbench.engine.train_cli", "fine-tune from a parameter file (works under torchrun)"),
+    "watch": ("workbench.engine.watcher", "follow a run's progress from its event log"),
     "regress": ("workbench.notebook_regression.cli", "run the notebooks headless and compare metrics with baselines"),
 }
 

@@ -1,7 +1,7 @@
 """What people call in notebooks: ``fit``, ``fit_distributed`` and ``watch`` with the
 view chosen for where the call runs.
 
-The engine (``workbench.train``) and the log follower (``workbench.watcher``) are
+The engine (``workbench.engine.train``) and the log follower (``workbench.engine.watcher``) are
 headless and take any listener; this module picks one: in a kernel someone looks at,
 the notebook view (a bar and a live chart, ``workbench.widgets.progress``); under
 papermill, plain lines plus the final chart in the executed notebook; in a terminal,
@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-from workbench import distributed, progress
 from workbench.config import ModelChoice, TrainConfig
-from workbench.progress import Progress, RunHistory
-from workbench.results import FitResult, result_from_disk
+from workbench.engine import distributed, progress
+from workbench.engine.progress import Progress, RunHistory
+from workbench.engine.results import FitResult, result_from_disk
 
 
 def make_view(mode: str = "auto", **kwargs) -> Progress:
@@ -32,7 +32,7 @@ def make_view(mode: str = "auto", **kwargs) -> Progress:
 
         return NotebookProgress(**notebook_only, **kwargs)
     if chosen == "console":
-        from workbench.runtime import in_jupyter_kernel
+        from workbench.engine.runtime import in_jupyter_kernel
 
         if in_jupyter_kernel():  # papermill: keep the final chart in the executed notebook
             from workbench.widgets.progress import ConsoleChartProgress
@@ -46,13 +46,13 @@ def fit(model: str | ModelChoice, data, config: TrainConfig | None = None, *,
         text_columns: Sequence[str] | None = None, label_column: str | None = None,
         progress: str = "auto", listeners: Sequence[Callable[[dict], None]] = (),
         **overrides) -> FitResult:
-    """Fine-tune ``model`` on ``data`` and show the run as it goes (see ``workbench.train.fit``).
+    """Fine-tune ``model`` on ``data`` and show the run as it goes (see ``workbench.engine.train.fit``).
 
     ``progress``: "auto" (a live chart in a notebook, lines elsewhere), "notebook",
     "console" or "none". ``listeners``: your own callables, given every event (a dict)
     beside the view (to log elsewhere, or stop on a condition of your own).
     """
-    from workbench import train
+    from workbench.engine import train
 
     view = make_view(progress)
     try:
@@ -70,7 +70,7 @@ def fit_distributed(model: str | ModelChoice, data, config: TrainConfig | None =
     anything in the kernel touches the GPU. Widgets do not cross a fork, so the
     processes print lines; the result is read back from the run's folder.
     """
-    from workbench.inputs import make_config
+    from workbench.engine.inputs import make_config
 
     mode = "console" if progress == "auto" else progress
     distributed.launch_from_notebook(_fit_in_process, (model, data, config, mode, kwargs), num_processes)
@@ -79,7 +79,7 @@ def fit_distributed(model: str | ModelChoice, data, config: TrainConfig | None =
 
 
 def _fit_in_process(model, data, config, mode, kwargs) -> None:
-    from workbench import train
+    from workbench.engine import train
 
     view = progress.ConsoleProgress() if mode == "console" else None
     train.fit(model, data, config, listeners=[view] if view else [], **kwargs)
@@ -87,8 +87,8 @@ def _fit_in_process(model, data, config, mode, kwargs) -> None:
 
 def watch(output_dir: str | os.PathLike, mode: str = "auto", *, follow: bool = True, poll_s: float = 1.0,
           wait_for_log_s: float = 30.0, stream=None) -> RunHistory:
-    """Show a run's progress from its event log (``workbench.watcher.watch``) in the view for here."""
-    from workbench import watcher
+    """Show a run's progress from its event log (``workbench.engine.watcher.watch``) in the view for here."""
+    from workbench.engine import watcher
 
     view = make_view(mode, save_chart=False, stream=stream)
     return watcher.watch(output_dir, view, follow=follow, poll_s=poll_s, wait_for_log_s=wait_for_log_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench import course_checks
+from workbench.course import checks as course_checks
 
 pytestmark = pytest.mark.gpu
 

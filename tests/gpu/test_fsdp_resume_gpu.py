@@ -20,8 +20,8 @@ pytestmark = pytest.mark.gpu
 WORKER = r'''
 import sys
 from safetensors.torch import save_file
-import workbench.train as engine
-from workbench.synthetic import make_dataset
+import workbench.engine.train as engine
+from workbench.sources.synthetic import make_dataset
 
 out, stop_at, weights = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 original, original_stop = engine._save_model, engine._stop_requested

@@ -44,8 +44,8 @@ def test_causal_estimate_vs_max_memory_allocated(smollm2_dir, finetune, checkpoi
     import torch
 
     from workbench.config import ModelChoice, TrainConfig
-    from workbench.models import estimate_causal_vram
-    from workbench.synthetic_llm import make_chat_dataset
+    from workbench.sources.models import estimate_causal_vram
+    from workbench.sources.synthetic_llm import make_chat_dataset
     from workbench.tasks.causal_lm import IGNORE, CausalLMTask
 
     if finetune == "qlora":

@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from workbench import checkpoint
+from workbench.engine import checkpoint
+from workbench.engine.precision import device_facts, resolve_precision
 from workbench.frontend import fit
-from workbench.precision import device_facts, resolve_precision
-from workbench.synthetic import make_dataset
+from workbench.sources.synthetic import make_dataset
 
 pytestmark = pytest.mark.gpu
 

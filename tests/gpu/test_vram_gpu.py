@@ -30,7 +30,7 @@ def test_estimate_vs_max_memory_allocated(precision, attention, batch, seq, chec
     import torch
     from transformers import BertForSequenceClassification
 
-    from workbench import models
+    from workbench.sources import models
 
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("bf16 needs compute capability 8.0+")

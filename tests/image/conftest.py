@@ -23,7 +23,7 @@ def _needs_the_image():
 
 @pytest.fixture(scope="session")
 def token_file(_needs_the_image, tmp_path_factory) -> tuple[Path, str]:
-    """A 32-byte token in a file of mode 600 owned by the image's user, as the README says."""
+    """A 32-byte token in a file of mode 600 owned by the image's user, as docs/image.md says."""
     token = secrets.token_urlsafe(32)
     path = tmp_path_factory.mktemp("secret") / "jupyter_token"
     path.write_text(token)

@@ -1,6 +1,6 @@
 """Helpers of the tests against the live image: podman, a container of the image, a client.
 
-The containers start as the README's `docker run` line says -- read-only root,
+The containers start as the `docker run` line of docs/image.md says -- read-only root,
 `--cap-drop ALL`, `no-new-privileges`, `--pids-limit 4096`, tmpfs /tmp and /run/workbench,
 the token as a secret file, the three volumes -- with two translations for this machine:
 `--network host` on a free port instead of `-p 127.0.0.1:8888:8888` (no bridge network
@@ -28,7 +28,7 @@ IMAGE = os.environ.get("WORKBENCH_TEST_IMAGE", "")
 PODMAN = os.environ.get("WORKBENCH_TEST_PODMAN", "podman")
 UID = 1000  # the image's user (build.sh's default when root builds)
 START_TIMEOUT_S = 120.0
-# The README's hardening, as podman reads it (see the module docstring for the two translations).
+# docs/image.md's hardening, as podman reads it (see the module docstring for the translations).
 HARDENING = [
     "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true", "--pids-limit", "4096",
     "--tmpfs", "/tmp:rw,exec,nosuid,nodev,mode=1777,size=8g",
@@ -61,7 +61,7 @@ def free_port() -> int:
 
 @dataclass
 class Lab:
-    """One container of the image, started the README's way, and a client for its server."""
+    """One container of the image, started the docs/image.md way, and a client for its server."""
 
     name: str
     port: int

@@ -1,4 +1,4 @@
-"""The image, live: a container started as the README says, checked from outside and inside.
+"""The image, live: a container started as docs/image.md says, checked from outside and inside.
 
 docker/test_image.sh builds the image on a stand-in base and runs these (see conftest.py).
 """
@@ -58,7 +58,7 @@ def test_token_is_required(lab):
     assert wrong.request("/api/contents")[0] == 403
 
 
-def test_server_listens_where_the_readme_says(lab):
+def test_server_listens_where_the_docs_say(lab):
     """0.0.0.0 inside the container (WORKBENCH_IP; compose publishes it on 127.0.0.1 only)."""
     listening = lab.exec("cat", "/proc/net/tcp").stdout.splitlines()[1:]
     port = f"{lab.port:04X}"

@@ -220,7 +220,7 @@ class ServerFacts:
     pid: int | None
     has_token: bool
     has_password: bool
-    weak_token: bool = False  # too short or predictable (workbench.lab_guard.token_problem)
+    weak_token: bool = False  # too short or predictable (workbench.server.credentials.token_problem)
 
 
 @dataclass
@@ -249,7 +249,7 @@ def gather_jupyter(env: Mapping[str, str] | None = None, runtime_dir: str | None
     try:
         from jupyter_server.serverapp import list_running_servers
 
-        from workbench.lab_guard import token_problem
+        from workbench.server.credentials import token_problem
 
         for info in list_running_servers(runtime_dir):
             facts.servers.append(

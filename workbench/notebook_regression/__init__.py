@@ -14,11 +14,13 @@ Modules, in the order a run uses them:
   ``--update-baselines`` may write a file;
 * ``profiles`` and ``placeholders``: what to run, with ``{tiny_model}``-style values filled in;
 * ``kernels``: the Jupyter kernel, made to run this venv's Python;
+* ``task``: one notebook to run and where its files go;
 * ``runner`` and ``worker``: one worker process per notebook (papermill inside),
   killed with its kernel when the notebook's deadline passes; ``--jobs N`` runs N at once;
 * ``outcome``: the worker's result and the executed notebook turned into a ``NotebookResult``;
 * ``baselines`` and ``update_baselines``: verdicts per metric, and ``--update-baselines``;
-* ``report``: ``report.json`` and ``report.md``; ``run``: ``regress()``; ``cli``: its options.
+* ``report``: ``report.json`` and ``report.md``; ``run``: ``regress()``; ``cli``: its options;
+* ``record``: ``workbench.record(name, value)``, what a notebook stores for the comparison.
 
 Kernels see ``WORKBENCH_HEADLESS=1`` (progress prints lines, not bars),
 ``MPLBACKEND=Agg`` and the profile's ``env`` (``HF_HUB_OFFLINE=1`` for ci).

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench.notebook_regression.baselines import Baseline, compare_metrics
+from workbench.notebook_regression.record import read_records
 from workbench.notebook_regression.report import NotebookFailure, NotebookResult
-from workbench.record import read_records
-
-if TYPE_CHECKING:  # runner imports this module to build its results
-    from workbench.notebook_regression.runner import Task
+from workbench.notebook_regression.task import Task
 
 
 def notebook_result(

@@ -19,7 +19,7 @@ from typing import Any
 PLACEHOLDERS = ("tiny_model", "tiny_data", "smollm2", "chat_data", "output_dir")
 # Enough rows for the tiny model to learn the generated task in a few epochs on CPU.
 TINY_DATA_ROWS = {"train": 800, "validation": 200}
-# Chat rows (workbench.synthetic_llm): a few dozen LoRA steps of batch 8 see each train row once.
+# Chat rows (workbench.sources.synthetic_llm): a few dozen LoRA steps of batch 8 see each train row once.
 CHAT_DATA_ROWS = {"train": 320, "validation": 40}
 SMOLLM2_DIR = "smollm2-135m"  # the folder name here and in the tests' cache (tests/llm_fixtures.py)
 
@@ -43,12 +43,12 @@ def prepare_placeholders(needed: set[str], shared_dir: Path) -> dict[str, str]:
     if "tiny_model" in needed:
         from transformers.utils import logging as hf_logging  # imports torch: only when needed
 
-        from workbench.synthetic import make_tiny_bert
+        from workbench.sources.synthetic import make_tiny_bert
 
         hf_logging.disable_progress_bar()  # a bar per saved shard is noise in a CI log
         values["tiny_model"] = str(make_tiny_bert(shared_dir / "tiny-bert"))
     if "tiny_data" in needed:
-        from workbench.synthetic import write_csv
+        from workbench.sources.synthetic import write_csv
 
         folder = shared_dir / "tiny-data"
         for seed, (split, rows) in enumerate(TINY_DATA_ROWS.items()):
@@ -64,7 +64,7 @@ def prepare_placeholders(needed: set[str], shared_dir: Path) -> dict[str, str]:
 
 def smollm2_folder(shared_dir: Path) -> Path:
     """SmolLM2-135M-Instruct as a model folder: the tests' finished conversion, or one made here."""
-    from workbench.gguf import convert_gguf, is_converted, smollm2_gguf
+    from workbench.sources.gguf import convert_gguf, is_converted, smollm2_gguf
 
     gguf = smollm2_gguf()
     test_cache = Path(os.environ.get("WORKBENCH_TEST_CACHE") or Path("~/.cache/workbench-tests").expanduser())
@@ -74,8 +74,8 @@ def smollm2_folder(shared_dir: Path) -> Path:
 
 
 def write_chat_data(folder: Path) -> Path:
-    """train.jsonl and validation.jsonl of ``{"messages": [...]}`` rows (workbench.synthetic_llm)."""
-    from workbench.synthetic_llm import make_chat_rows
+    """train.jsonl and validation.jsonl of ``{"messages": [...]}`` rows (workbench.sources.synthetic_llm)."""
+    from workbench.sources.synthetic_llm import make_chat_rows
 
     folder.mkdir(parents=True, exist_ok=True)
     for seed, (split, rows) in enumerate(CHAT_DATA_ROWS.items()):

@@ -26,7 +26,8 @@ from workbench.notebook_regression.profiles import (
     select_notebooks,
 )
 from workbench.notebook_regression.report import RegressReport
-from workbench.notebook_regression.runner import Runner, Task
+from workbench.notebook_regression.runner import Runner
+from workbench.notebook_regression.task import Task
 from workbench.notebook_regression.update_baselines import write_updated_baselines
 
 DEFAULT_OUTPUT_DIR = Path("regress-out")

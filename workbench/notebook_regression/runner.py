@@ -17,30 +17,14 @@ import threading
 import time
 from collections.abc import Mapping
 from contextlib import suppress
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from workbench.notebook_regression.baselines import Baseline
 from workbench.notebook_regression.console import Log
 from workbench.notebook_regression.outcome import notebook_result
 from workbench.notebook_regression.report import NotebookResult
+from workbench.notebook_regression.task import Task
 
 KILL_GRACE_S = 5.0  # after SIGTERM, how long the worker gets to save before SIGKILL
-
-
-@dataclass
-class Task:
-    """One notebook to run and where everything about it goes."""
-
-    notebook: str
-    input_path: Path
-    parameters: dict[str, Any]
-    executed_path: Path
-    log_path: Path
-    spec_path: Path
-    result_path: Path
-    scratch_dir: Path
 
 
 class Runner:

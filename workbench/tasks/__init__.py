@@ -1,140 +1,27 @@
 """What a fine-tuning task provides to the engine's loop, and how one is chosen.
 
-The loop in ``workbench.train`` never knows which task it runs: it asks the task
+The loop in ``workbench.engine.train`` never knows which task it runs: it asks the task
 for the model, the tokenized splits, the batches, the loss, the eval outputs and
-metrics, and what to save. A task is any object with the methods of ``Task``;
-``ClassificationTask`` (``tasks/classification.py``) is the first.
+metrics, and what to save. A task is any object with the methods of ``Task``.
+Start reading at ``base.py`` (the protocol), then one task:
+
+    base.py                 Task, the seam; helpers every task shares
+    classification.py       ClassificationTask (BERT-style sequence classifiers)
+    classification_data.py  its label mapping and tokenization
+    causal_lm.py            CausalLMTask (decoder LMs: chat / prompt-completion / text data,
+                            full fine-tuning, LoRA, QLoRA)
+    lora.py                 LoRA / QLoRA adapters (the only importer of peft, with causal_lm)
+    metrics.py              accuracy / F1 and the language-model metrics
+
+Imports: ``workbench.config``, ``workbench.errors`` and ``workbench.sources`` (data checks,
+model checks, GGUF). A task never imports ``workbench.engine``: the engine asks, the task
+answers (``tests/test_import_graph.py``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import Path
-from typing import Any, Protocol
-
-import torch
-
-from workbench.config import ModelChoice, TrainConfig
-from workbench.errors import ModelError
-
-
-class Task(Protocol):
-    name: str  # "classification", ...: recorded with the run, checked on resume
-    notes: list[tuple[str, str]]  # (text, level) from loading the model: logged after "start"
-
-    def check_data(self, splits) -> None:
-        """Everything that can be wrong with the data, found before any training (DataError)."""
-
-    def load_tokenizer(self, choice: ModelChoice) -> Any: ...
-
-    def build_model(self, choice: ModelChoice, tokenizer, config: TrainConfig) -> torch.nn.Module:
-        """The model ready to train, on the CPU, fp32 master weights."""
-
-    def datasets(self, splits, tokenizer, max_length: int, model) -> tuple[Any, Any]:
-        """(train, eval) torch Datasets; each has ``.lengths`` (tokens per row) for the sampler."""
-
-    def collator(self, tokenizer) -> Any:
-        """collate_fn: rows -> a dict of padded tensors."""
-
-    def rows(self, batch: dict) -> int:
-        """Examples in a batch (to split it into micro-batches)."""
-
-    def units(self, batch: dict) -> torch.Tensor | int:
-        """What ``loss`` averages over (rows; supervised tokens for a language model):
-        micro-batches of one optimizer step are weighted by their share of it."""
-
-    def loss(self, model, batch: dict) -> torch.Tensor:
-        """Mean training loss of the batch (a scalar tensor, no host sync)."""
-
-    def eval_outputs(self, model, batch: dict) -> tuple[torch.Tensor, ...]:
-        """Per-row tensors the metrics need; gathered across processes."""
-
-    def metrics(self, outputs: list[tuple[torch.Tensor, ...]]) -> dict[str, float]:
-        """``eval_loss`` and the task's metrics from every batch's eval outputs."""
-
-    def generation_metrics(self, model, tokenizer) -> dict[str, float]:
-        """Metrics that need generation (a language model's exact match); {} when off or none."""
-
-    def model_state(self, model) -> dict[str, torch.Tensor]:
-        """The weights a checkpoint must hold (an adapter's only, for LoRA)."""
-
-    def load_model_state(self, model, state: dict[str, torch.Tensor]) -> None: ...
-
-    def save_model(self, model, tokenizer, directory: Path, state_dict: dict | None) -> None:
-        """Write the final (or best) model so its pipeline loads ``directory``."""
-
-    def finish(self, model_dir: Path) -> list[tuple[str, str]]:
-        """Outputs made from the saved final model (a merged LoRA model); (text, level) messages.
-        Called on the main process only."""
-
-    def identity(self) -> dict[str, Any]:
-        """Facts that make a run this run (labels, ...): written to the run record."""
-
-
-def fingerprint(dataset, columns) -> str:
-    """A hash of ``columns`` of every row: the same data gives the same value in any process."""
-    digest = hashlib.sha256()
-    for start in range(0, len(dataset), 10_000):
-        rows = dataset.select_columns(list(columns))[start:start + 10_000]
-        digest.update(json.dumps(rows, sort_keys=True, default=str).encode())
-    return digest.hexdigest()[:16]
-
-
-def enable_gradient_checkpointing(model) -> None:
-    """Recompute activations in the backward pass: less memory, ~30% more compute.
-
-    Non-reentrant checkpointing works with DDP and with frozen inputs (LoRA).
-    transformers 5 renamed the method; the old name warns.
-    """
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def split_batch(task: Task, batch: dict, size: int) -> list[dict]:
-    """``batch`` cut into micro-batches of at most ``size`` rows (after an out-of-memory)."""
-    rows = task.rows(batch)
-    if rows <= size:
-        return [batch]
-    if hasattr(task, "split"):  # batches that are not one row per example (flattened sequences)
-        return task.split(batch, size)
-    return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
-
-
-def load_pretrained(auto_class, choice: ModelChoice, **kwargs):
-    """``auto_class.from_pretrained`` with every failure turned into a ModelError with a fix.
-
-    A ``.gguf`` file (llama.cpp, Ollama) is converted to a model folder once, then cached.
-    """
-    from workbench.hub import OFFLINE_FIX, is_offline
-
-    source = str(choice.name_or_path)
-    if source.lower().endswith(".gguf"):
-        from workbench.gguf import convert_gguf
-
-        source = str(convert_gguf(source))
-    try:
-        return auto_class.from_pretrained(source, revision=choice.revision, **kwargs)
-    except Exception as exc:  # OSError, ValueError, HF hub errors: all mean "cannot load this"
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        fix = "check the name on https://huggingface.co/models, or pass a local folder with config.json"
-        if is_offline():
-            fix = OFFLINE_FIX
-        raise ModelError(f"Cannot load model {choice.name_or_path!r}: {reason}", fix) from None
-
-
-def load_full_state(model, state: dict[str, torch.Tensor], fix: str) -> None:
-    """Every weight of ``model`` from ``state``; ModelError (with ``fix``) when they do not fit."""
-    # strict=False: safetensors drops tied duplicates; anything else missing is an error.
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-    missing = [k for k in missing if k not in tied]
-    if missing or unexpected:
-        raise ModelError(f"The checkpoint's weights do not fit this model (missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]}).", fix)
+from workbench.config import TrainConfig
+from workbench.tasks.base import Task
 
 
 def make_task(config: TrainConfig, text_columns, label_column: str) -> Task:

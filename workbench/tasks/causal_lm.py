@@ -55,10 +55,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from workbench import lora
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import DataError
-from workbench.tasks import (
+from workbench.tasks import lora
+from workbench.tasks.base import (
     enable_gradient_checkpointing,
     fingerprint,
     load_full_state,
@@ -594,20 +594,17 @@ class CausalLMTask:
         tokenizer.save_pretrained(directory)
         return directory
 
-    def finish(self, model_dir: Path) -> list[tuple[str, str]]:
+    def finish(self, model_dir: Path, write_dir) -> list[tuple[str, str]]:
         """With ``merge_adapter``: ``model_merged/`` beside ``model_dir``, the base with the adapter merged in."""
         if not self.settings.merge_adapter:
             return []
         if self.settings.finetune == "full":
             return [(f"merge_adapter: finetune='full' trains every weight, so {model_dir} is already a "
                      "plain model; nothing to merge.", "info")]
-        from workbench.checkpoint import no_hf_progress_bars, write_dir_atomically
-
         merged = model_dir.parent / MERGED_DIR
         # 16-bit on a GPU (as the base trained), fp32 on the CPU
         dtype = _half_dtype() if torch.cuda.is_available() else torch.float32
-        with no_hf_progress_bars():
-            write_dir_atomically(merged, lambda tmp: lora.merge_adapter_folder(model_dir, tmp, dtype=dtype))
+        write_dir(merged, lambda tmp: lora.merge_adapter_folder(model_dir, tmp, dtype=dtype))
         return [(f"Merged model (base + adapter) saved in {merged}: "
                  f"pipeline('text-generation', model={str(merged)!r}) loads it.", "info")]
 

@@ -15,18 +15,18 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from workbench import batching, model_checks
 from workbench.config import ModelChoice, TrainConfig
-from workbench.data import check_split
 from workbench.errors import DataError
-from workbench.metrics import classification_metrics
-from workbench.results import LABELS_FILE
-from workbench.tasks import (
+from workbench.sources import model_checks
+from workbench.sources.data import check_split
+from workbench.tasks import classification_data
+from workbench.tasks.base import (
     enable_gradient_checkpointing,
     fingerprint,
     load_full_state,
     load_pretrained,
 )
+from workbench.tasks.metrics import classification_metrics
 
 
 class ClassificationTask:
@@ -35,7 +35,7 @@ class ClassificationTask:
     def __init__(self, text_columns: Sequence[str], label_column: str):
         self.text_columns = tuple(text_columns)
         self.label_column = label_column
-        self.labels: batching.LabelMapping | None = None
+        self.labels: classification_data.LabelMapping | None = None
         self.notes: list[tuple[str, str]] = []  # (text, level) from loading, logged after "start"
         self._sample_texts: list[str] = []  # to check the tokenizer against the model
 
@@ -48,13 +48,13 @@ class ClassificationTask:
         for split, min_classes in (("train", 2), ("validation", 1)):  # a small eval split may hold one class
             check_split(splits.get(split), split, self.text_columns, self.label_column, min_classes=min_classes)
         self._sample_texts = model_checks.sample_texts(splits["train"], self.text_columns)
-        self.labels = batching.build_label_mapping(splits["train"], splits["validation"], self.label_column)
+        self.labels = classification_data.build_label_mapping(splits["train"], splits["validation"], self.label_column)
         self.data_fingerprint = fingerprint(splits["train"], (*self.text_columns, self.label_column))
 
     def datasets(self, splits, tokenizer, max_length: int, model=None):
         token_types = getattr(getattr(model, "config", None), "type_vocab_size", 0) > 1
         return tuple(
-            batching.tokenize(splits[s], tokenizer, self.text_columns, self.label_column, self.labels,
+            classification_data.tokenize(splits[s], tokenizer, self.text_columns, self.label_column, self.labels,
                               max_length, token_types=token_types)
             for s in ("train", "validation")
         )
@@ -134,9 +134,9 @@ class ClassificationTask:
         tokenizer.save_pretrained(directory)
         mapping = {"id2label": self.labels.id2label, "label2id": self.labels.label2id,
                    "values": [str(v) for v in self.labels.values]}
-        (directory / LABELS_FILE).write_text(json.dumps(mapping, indent=2) + "\n", encoding="utf-8")
+        (directory / classification_data.LABELS_FILE).write_text(json.dumps(mapping, indent=2) + "\n", encoding="utf-8")
 
-    def finish(self, model_dir: Path) -> list[tuple[str, str]]:
+    def finish(self, model_dir: Path, write_dir) -> list[tuple[str, str]]:
         return []
 
     def identity(self) -> dict:

@@ -1,7 +1,7 @@
 """What the pickers show for a causal LM: config facts, full / LoRA / QLoRA memory, chat data.
 
 The pickers (workbench.widgets.pickers) decide *when* these views appear; this module
-decides *what* they show. The numbers come from workbench.models (``causal_facts``,
+decides *what* they show. The numbers come from workbench.sources.models (``causal_facts``,
 ``check_causal_fit``) and the token preview from the causal-LM task's own
 ``encode_chat``, so the highlighted tokens are exactly the ones a run trains on.
 
@@ -20,9 +20,9 @@ from typing import Any
 import ipywidgets as widgets
 import traitlets
 
-from workbench import models
 from workbench.config import DatasetChoice, ModelChoice, TrainConfig
 from workbench.errors import DataError
+from workbench.sources import models
 from workbench.tasks.causal_lm import IGNORE, CausalLMTask, detect_format, encode_chat, to_messages
 from workbench.widgets.html_blocks import WARNING, note_html
 
@@ -283,7 +283,7 @@ class ChatDataView(widgets.VBox):
 
     def check(self, choice: DatasetChoice):
         """The splits loaded as a causal-LM run loads them, every row checked by the task; raises DataError."""
-        from workbench import data
+        from workbench.sources import data
 
         splits = data.load_splits(choice)
         CausalLMTask(self._settings()).check_data(splits)

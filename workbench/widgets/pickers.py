@@ -1,7 +1,7 @@
 """Model and dataset pickers: choose with the mouse, export a parameter file for headless runs.
 
-The widgets only arrange controls; the work is done by workbench.models and
-workbench.data, the same functions papermill runs and ``workbench train`` use. Every
+The widgets only arrange controls; the work is done by workbench.sources.models and
+workbench.sources.data, the same functions papermill runs and ``workbench train`` use. Every
 action catches errors and writes them to the picker's ``message`` (an HTML widget),
 so a notebook never shows a traceback for a wrong path or column.
 
@@ -27,9 +27,9 @@ from typing import Any
 import ipywidgets as widgets
 import traitlets
 
-from workbench import data, models
 from workbench.config import PRECISIONS, DatasetChoice, ModelChoice, RunSpec, TrainConfig
 from workbench.errors import DataError, WorkbenchError
+from workbench.sources import data, models
 from workbench.widgets.causal_views import (
     ChatDataView,
     causal_estimate_html,

@@ -28,7 +28,7 @@ from typing import Any
 import ipywidgets as widgets
 import torch
 
-from workbench import lora
+from workbench.tasks import lora
 
 
 class Playground:

@@ -1,7 +1,7 @@
 """The notebook view of a run: a tqdm bar and a live loss/metric chart.
 
 Everything that is not drawing (the run folded from its events, the console
-lines, the chart itself) is headless and lives in ``workbench.progress``; this
+lines, the chart itself) is headless and lives in ``workbench.engine.progress``; this
 module only puts it on screen in a notebook, so the engine never imports it.
 ``ConsoleChartProgress`` is the console view for a kernel nobody watches
 (papermill): plain lines, and the final chart kept in the executed notebook.
@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from workbench.progress import (
+from workbench.engine.progress import (
     ConsoleProgress,
     Progress,
     format_end_line,

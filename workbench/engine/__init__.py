@@ -1,0 +1,26 @@
+"""The training engine: one run, from settings to a saved model, in a notebook, a terminal or torchrun.
+
+Start reading at ``train.py``: ``fit`` reads top to bottom (set-up, the loop, the finish).
+What only the loop uses sits beside it, one job a module:
+
+    inputs.py       fit's inputs (model, data, settings) -> a TrainConfig and loaded splits
+    batching.py     the length-grouped sampler, the loader, the windows of one optimizer step
+    precision.py    fp32 / fp16 / bf16: what the device supports, what "auto" picks
+    optim.py        AdamW and transformers' learning-rate schedules
+    memory.py       out-of-memory: recognise it, free memory, halve the micro-batch
+    distributed.py  Accelerate, agreement across ranks, launching processes from a notebook
+    checkpoint.py   atomic checkpoints and model folders, the run record, resume
+    run_lock.py     one run per output folder
+    stopping.py     signals: save and stop
+    events.py       events.jsonl, the run's log that every view reads
+    progress.py     headless views of the events: run history, console lines, the chart
+    watcher.py      ``watch``: follow a run's events.jsonl from another process
+    results.py      FitResult, and rebuilding it from a run folder
+    runtime.py      the one answer to "am I in a Jupyter kernel?"
+    train_cli.py    ``workbench train --config FILE``
+
+Imports: the engine asks a task (``workbench.tasks``) for everything task-specific and
+reads models and data through ``workbench.sources``. It never imports a view
+(``workbench.widgets``, ipywidgets, IPython.display) or the server (``workbench.server``):
+views are listeners on its events (``workbench.frontend`` attaches them).
+"""

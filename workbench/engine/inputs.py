@@ -1,0 +1,78 @@
+"""What a user passes to ``fit``, checked before anything is built: the settings
+(a TrainConfig plus keyword overrides), the data in any accepted form, and the
+output folder. Every problem is an error that names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from workbench.config import DatasetChoice, TrainConfig
+from workbench.errors import ConfigError
+
+
+def make_config(config: TrainConfig | None, overrides: dict[str, Any]) -> TrainConfig:
+    """``config`` (default TrainConfig()) with ``overrides`` applied and validated."""
+    config = config or TrainConfig()
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    for name in overrides:
+        if name not in known:
+            raise ConfigError(name, overrides[name], "a TrainConfig field: " + ", ".join(sorted(known)))
+    return dataclasses.replace(config, **overrides)  # __post_init__ validates again
+
+
+def resolve_data(data, text_columns, label_column, task: str = "classification"):
+    """(DatasetDict, text_columns, label_column) from any accepted ``data``.
+
+    A causal LM reads the columns its TrainConfig names (messages_column, ...): its
+    splits are loaded whole and checked by the task, and text/label columns are refused.
+    """
+    if task == "causal_lm":
+        return _resolve_lm_data(data, text_columns, label_column)
+    if isinstance(data, (str, os.PathLike)):
+        from workbench.sources.data import resolve_data_source
+
+        source = resolve_data_source(data)  # a missing path is "file not found", not a hub error
+        data = DatasetChoice(source=source, path=str(data), text_columns=tuple(text_columns or ("text",)),
+                             label_column=label_column or "label")
+    if isinstance(data, DatasetChoice):
+        from workbench.sources.data import load_choice
+
+        return load_choice(data), data.text_columns, data.label_column
+    columns = tuple([text_columns] if isinstance(text_columns, str) else (text_columns or ("text",)))
+    if not 1 <= len(columns) <= 2:
+        raise ConfigError("text_columns", columns, "one column, or two for sentence pairs")
+    return data, columns, label_column or "label"
+
+
+def _resolve_lm_data(data, text_columns, label_column):
+    for name, value in (("text_columns", text_columns), ("label_column", label_column)):
+        if value:
+            raise ConfigError(name, value, "not set for task='causal_lm'",
+                              fix="name the data's columns with messages_column, prompt_column + "
+                                  "completion_column, or text_column (TrainConfig fields).")
+    if isinstance(data, (str, os.PathLike)):
+        from workbench.sources.data import resolve_data_source
+
+        data = DatasetChoice(source=resolve_data_source(data), path=str(data))
+    if isinstance(data, DatasetChoice):
+        from workbench.sources.data import load_splits
+
+        data = load_splits(data)
+    return data, (), None
+
+
+def check_output_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        # A unique name: processes on other nodes may have the same PID in the same folder.
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError("output_dir", str(path), "a writable folder",
+                          fix=f"choose another output_dir ({exc.strerror or exc}).") from None

@@ -1,0 +1,455 @@
+"""Fine-tune a model, headless: ``fit(model, data, **settings) -> FitResult``.
+
+Reads top to bottom: check everything that can be wrong (settings, data, output
+folder) -> build the run (task, Accelerator, model, batches, optimizer, schedule,
+resume) -> the loop -> finish (final model, ``end`` event). What depends on the
+task (classification, causal LM) comes from a ``workbench.tasks`` object;
+precision, checkpoints, out-of-memory handling, distribution and signals are each
+a module beside this one. Views are listeners on the event log (``listeners=``): no
+notebook front end is imported here, so it runs the same under torchrun, papermill and
+CI; ``workbench.fit`` (``workbench.frontend``) attaches the view for where it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.config import ModelChoice, TrainConfig
+from workbench.engine import batching, checkpoint, distributed, inputs, run_lock
+from workbench.engine.events import EventLog
+from workbench.engine.memory import free_memory, with_halving
+from workbench.engine.optim import make_optimizer, make_scheduler
+from workbench.engine.precision import device_facts, resolve_precision
+from workbench.engine.results import BEST_DIR, MODEL_DIR, FitResult
+from workbench.engine.stopping import HARD_STOP_AFTER, StopRequest, stop_on_signals
+from workbench.errors import CheckpointError, TrainingError
+from workbench.sources import model_checks
+from workbench.tasks import make_task
+from workbench.tasks.base import Task, split_batch
+
+
+@dataclass
+class _Run:
+    """Everything the loop touches, built once by ``_prepare``."""
+
+    config: TrainConfig
+    task: Task
+    accelerator: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    train_loader: Any
+    eval_loader: Any
+    sampler: batching.LengthGroupedBatchSampler
+    tokenizer: Any
+    log: EventLog
+    record: dict
+    precision: str
+    total_steps: int
+    batches_per_epoch: int
+    state: checkpoint.TrainState
+    stop: StopRequest
+    notes: list = field(default_factory=list)  # (text, level) from set-up, logged after "start"
+    display: bool = False  # a listener shows messages; otherwise they are printed
+    pending_losses: list = field(default_factory=list)  # (step, device tensor) since last log
+    last_log: tuple[float, int, int] = (0.0, 0, 0)  # (time, step, samples) at the last train event
+    samples: int = 0  # rows seen by this process since the start of this call
+    rng_before_step: dict | None = None  # RNG states while a step is in progress
+    eval_micro_batch: int = 0  # rows per eval forward pass (halved on out-of-memory)
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.config.output_dir)
+
+
+# -------------------------------------------------------------------- entry point
+def fit(
+    model: str | ModelChoice,
+    data,
+    config: TrainConfig | None = None,
+    *,
+    text_columns: Sequence[str] | None = None,
+    label_column: str | None = None,
+    listeners: Sequence[Callable[[dict], None]] = (),
+    **overrides,
+) -> FitResult:
+    """Fine-tune ``model`` on ``data``; every event of the run goes to ``listeners``.
+
+    ``data``: a DatasetDict with "train" and "validation" splits, a DatasetChoice,
+    or a path to local files. ``overrides`` are TrainConfig fields
+    (``fit("bert-base-uncased", ds, output_dir="runs/a", num_epochs=1)``).
+    Re-running the same call continues from the newest valid checkpoint
+    (``resume="auto"``). SIGINT/SIGTERM save a checkpoint and return
+    ``status="interrupted"``.
+    """
+    # Everything that can be wrong is checked here, before any training starts.
+    config = inputs.make_config(config, overrides)
+    model_choice = model if isinstance(model, ModelChoice) else ModelChoice(str(model))
+    model_checks.check_model_source(model_choice.name_or_path)
+    splits, columns, label = inputs.resolve_data(data, text_columns, label_column, config.task)
+    task = make_task(config, columns, label)
+    task.check_data(splits)
+    precision = resolve_precision(config.precision, device_facts())
+    inputs.check_output_dir(Path(config.output_dir))
+    # One run per folder: the main process (global rank 0) holds the lock for all of them.
+    lock = run_lock.acquire(config.output_dir) if int(os.environ.get("RANK", "0")) == 0 else None
+    try:
+        resume_from = checkpoint.resolve_resume(config.output_dir, config.resume)
+        with stop_on_signals() as stop:
+            run = _prepare(model_choice, splits, task, config, precision, stop, listeners)
+            if lock is not None and lock.note:
+                run.notes.insert(0, (lock.note, "warn"))
+            history: list[dict] = []
+            if run.log.enabled:
+                run.log.add_listener(history.append)
+            try:
+                return _fit_run(run, resume_from, history)
+            finally:
+                _close(run)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitResult:
+    acc, config = run.accelerator, run.config
+    messages = list(run.notes)
+    if acc.is_main_process:  # under the lock: no other run's save is in progress here
+        for folder in (checkpoint.checkpoints_dir(run.output_dir), run.output_dir):
+            messages += [(text, "warn") for text in checkpoint.remove_stale_temporaries(folder)]
+    acc.wait_for_everyone()  # nobody saves into a folder that is being cleaned
+    # With an output_dir that is not one folder for all nodes, rank 0 would resume at step N, the rest at 0.
+    if distributed.differs_across_processes(acc, checkpoint.step_of(resume_from)):
+        raise CheckpointError(f"output_dir {run.output_dir} is not the same folder on every node: the "
+                              "processes found different checkpoints to resume from.",
+                              "put output_dir on a shared file system every node mounts (NFS, Lustre, a "
+                              "ReadWriteMany volume), the same path on each.")
+    messages += _resume(run, resume_from) if resume_from is not None else []
+    steps_per_epoch = math.ceil(run.batches_per_epoch / config.gradient_accumulation_steps)
+    run.log.write("start", total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
+                  config=asdict(config), world_size=acc.num_processes, precision=run.precision,
+                  device=str(acc.device), resumed_from_step=run.state.step,
+                  label_names=run.task.identity().get("labels", []))
+    for text, level in messages:
+        _message(run, text, level)
+    try:
+        try:
+            status = _train(run)
+        except KeyboardInterrupt:
+            if run.stop.presses >= HARD_STOP_AFTER:
+                raise  # Ctrl-C three times: stop without saving
+            # Raised by something other than our handler (a display, a thread) in the middle of
+            # a step: drop that step's gradients and give back the random numbers it drew, or
+            # the resumed run would not see the dropout masks an uninterrupted one sees.
+            status = "interrupted"
+            run.optimizer.zero_grad(set_to_none=True)
+            if run.rng_before_step is not None:
+                checkpoint.set_rng_state(run.rng_before_step)
+        if status == "interrupted":
+            path = _save_checkpoint(run)
+            text = (f"Interrupted at step {run.state.step}/{run.total_steps}: checkpoint saved in {path}; "
+                    "run the same fit again to continue.")
+            _message(run, text, "warn")
+            run.log.write("end", status="interrupted", step=run.state.step, metrics=run.state.metrics)
+            return _result(run, "interrupted", None, history)
+        model_dir = _save_model(run, run.output_dir / MODEL_DIR)
+        if acc.is_main_process:
+            with checkpoint.no_hf_progress_bars():
+                finished = run.task.finish(model_dir, checkpoint.write_dir_atomically)
+            for text, level in finished:
+                _message(run, text, level)
+        run.log.write("end", status="completed", step=run.state.step, metrics=run.state.metrics)
+        return _result(run, "completed", model_dir, history)
+    except BaseException as exc:
+        if not isinstance(exc, KeyboardInterrupt):  # stopped without saving: no more output
+            run.log.write("message", text=str(exc), level="error")
+            run.log.write("end", status="failed", step=getattr(exc, "step", None) or run.state.step,
+                          metrics=run.state.metrics)
+        raise
+
+
+# ------------------------------------------------------------------------ the loop
+def _train(run: _Run) -> str:
+    """Optimizer steps until the end or a stop request. Returns "completed" or "interrupted"."""
+    cfg, state = run.config, run.state
+    windows = batching.step_windows(run.train_loader, run.sampler, run.accelerator, run.state,
+                                    run.config.gradient_accumulation_steps)
+    run.model.train()  # from_pretrained returns a model in eval mode: dropout would be off
+    run.last_log = (time.perf_counter(), state.step, 0)
+    try:
+        while state.step < run.total_steps:
+            batches = next(windows)
+            step = state.step + 1
+            run.rng_before_step = checkpoint.rng_state()  # ~20 us: an interrupted step can give its draws back
+            loss = _step_with_oom_retry(run, batches, step)
+            run.rng_before_step = None  # the step is done: its draws are part of the run
+            run.pending_losses.append((step, loss))
+            run.samples += sum(run.task.rows(b) for b in batches)
+            state.step = step
+            state.batch_in_epoch += len(batches)
+            epoch_done = state.batch_in_epoch >= run.batches_per_epoch
+            if epoch_done:
+                state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+            if state.consecutive_skips > cfg.max_skipped_steps:
+                raise TrainingError(
+                    f"The fp16 loss scaler skipped {state.consecutive_skips} steps in a row (step {step}): "
+                    "the gradients keep overflowing.",
+                    "lower learning_rate, or use precision='bf16' on GPUs that support it.", step=step)
+            last = step == run.total_steps
+
+            if step % cfg.log_every == 0 or last:
+                _log_train(run)  # the only per-interval host sync: .item() of the losses
+            if last or ((step % cfg.eval_every == 0) if cfg.eval_every else epoch_done):
+                _evaluate(run)
+            if last or ((step % cfg.save_every == 0) if cfg.save_every else epoch_done):
+                _save_checkpoint(run)
+            if epoch_done:
+                free_memory()
+            if _stop_requested(run, step):
+                return "interrupted"
+    finally:
+        windows.close()  # ends the loader iterator: DataLoader workers exit
+    return "completed"
+
+
+def _optimizer_step(run: _Run, batches: list[dict], step: int) -> torch.Tensor:
+    """Forward/backward over the window in micro-batches, then one optimizer step.
+
+    Each micro-batch's mean loss is weighted by its share of the window's units (rows,
+    or supervised tokens), so the gradient is that of the whole window's mean loss
+    however it is split. Returns the window's mean loss as a device tensor (no host sync).
+    """
+    acc, model, task = run.accelerator, run.model, run.task
+    pieces = [piece for b in batches for piece in split_batch(task, b, run.state.micro_batch_size)]
+    weights = [task.units(p) for p in pieces] if len(pieces) > 1 else None
+    total = sum(weights) if weights else None
+    step_loss = None
+    for i, piece in enumerate(pieces):
+        # Gradients are all-reduced only on the last backward of the step (DDP).
+        sync = contextlib.nullcontext() if i == len(pieces) - 1 else acc.no_sync(model)
+        with sync:
+            loss = task.loss(model, piece)
+            if weights:
+                loss = loss * (weights[i] / total)
+            acc.backward(loss)
+        step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+    if run.config.max_grad_norm is not None:
+        acc.clip_grad_norm_(model.parameters(), run.config.max_grad_norm)
+    run.optimizer.step()  # with fp16, Accelerate's GradScaler skips the step on inf/NaN gradients
+    if acc.scaler is not None and acc.optimizer_step_was_skipped:
+        run.state.skipped_steps += 1
+        run.state.consecutive_skips += 1
+    else:
+        run.state.consecutive_skips = 0
+        run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return step_loss
+
+
+def _step_with_oom_retry(run: _Run, batches: list[dict], step: int) -> torch.Tensor:
+    """Retry the same step with half the micro-batch (twice the accumulation) on out-of-memory."""
+    def halved(size: int) -> None:
+        run.optimizer.zero_grad(set_to_none=True)
+        run.state.micro_batch_size = size
+        _message(run, f"Out of GPU memory at step {step}: retrying with micro-batch {size} x "
+                      f"{run.config.batch_size // size} accumulation (same effective batch).", "warn")
+
+    return with_halving(lambda size: _optimizer_step(run, batches, step), run.state.micro_batch_size,
+                        on_halve=halved, give_up=lambda: TrainingError(
+                            f"CUDA out of memory at step {step} even with a micro-batch of 1.",
+                            "use a shorter max_length, gradient_checkpointing=True, bf16/fp16 precision, "
+                            "a smaller model, or distributed='fsdp' across several GPUs.", step=step))
+
+
+def _stop_requested(run: _Run, step: int) -> bool:
+    stop = run.stop.reason is not None
+    if run.accelerator.num_processes > 1:
+        # Every rank must stop at the same step, or DDP waits forever for the others.
+        # Agreeing costs a collective and a host sync, so ranks ask only every log_every steps.
+        if step % run.config.log_every:
+            return False
+        stop = distributed.any_process(run.accelerator, stop)
+    return stop
+
+
+# ------------------------------------------------------------- logging and checks
+def _check_losses(run: _Run) -> float | None:
+    """Mean of the losses since the last check; TrainingError at the first non-finite one."""
+    if not run.pending_losses:
+        return None
+    steps, losses = zip(*run.pending_losses, strict=True)
+    stacked = torch.stack(losses)
+    if run.accelerator.num_processes > 1:
+        stacked = run.accelerator.reduce(stacked, "mean")
+    values = stacked.tolist()  # host sync
+    run.pending_losses.clear()
+    for step, value in zip(steps, values, strict=True):
+        if not math.isfinite(value):
+            good = checkpoint.list_checkpoints(run.output_dir)
+            kept = f"The last good checkpoint is kept in {good[-1]}." if good else "No checkpoint was saved before it."
+            raise TrainingError(
+                f"The loss became {value} at step {step}; the weights are no longer usable. {kept}",
+                "lower learning_rate (e.g. by 10x), keep max_grad_norm set, or use precision='bf16' "
+                "instead of fp16.", step=step)
+    return sum(values) / len(values)
+
+
+def _log_train(run: _Run) -> None:
+    loss = _check_losses(run)
+    now, state = time.perf_counter(), run.state
+    then, then_step, then_samples = run.last_log
+    elapsed = max(now - then, 1e-9)
+    seconds_per_step = elapsed / max(state.step - then_step, 1)
+    samples_per_s = (run.samples - then_samples) * run.accelerator.num_processes / elapsed
+    run.last_log = (now, state.step, run.samples)
+    gpu_mem = torch.cuda.max_memory_allocated() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    run.log.write(
+        "train", step=state.step, epoch=round(state.epoch + state.batch_in_epoch / run.batches_per_epoch, 4),
+        loss=loss, lr=run.scheduler.get_last_lr()[0], samples_per_s=round(samples_per_s, 2),
+        gpu_mem_bytes=gpu_mem, eta_s=round(seconds_per_step * (run.total_steps - state.step), 1),
+        skipped_steps=state.skipped_steps, micro_batch_size=state.micro_batch_size,
+    )
+
+
+def _message(run: _Run, text: str, level: str = "info") -> None:
+    run.log.write("message", text=text, level=level)
+    if run.log.enabled and not run.display:  # no view attached: still say it
+        print(f"workbench: {text}", file=sys.stderr if level != "info" else sys.stdout, flush=True)
+
+
+def _evaluate(run: _Run) -> dict[str, float]:
+    acc, model, task = run.accelerator, run.model, run.task
+    _check_losses(run)  # never evaluate (and maybe keep as best) weights a NaN loss has ruined
+    # Eval batches start at twice the training micro-batch (no activations kept for a
+    # backward pass) and are halved on out-of-memory like training steps.
+    run.eval_micro_batch = min(run.eval_micro_batch or 2 * run.config.batch_size, 2 * run.state.micro_batch_size)
+
+    def outputs_of(batch, size):
+        parts = [task.eval_outputs(model, piece) for piece in split_batch(task, batch, size)]
+        return tuple(torch.cat(tensors) for tensors in zip(*parts, strict=True))
+
+    def halved(size):
+        run.eval_micro_batch = size
+        _message(run, f"Out of GPU memory in evaluation: retrying with eval batches of {size}.", "warn")
+
+    model.eval()
+    outputs = []
+    with torch.no_grad():
+        for batch in run.eval_loader:
+            outputs.append(acc.gather_for_metrics(with_halving(
+                lambda size, batch=batch: outputs_of(batch, size), run.eval_micro_batch, on_halve=halved,
+                give_up=lambda: TrainingError("CUDA out of memory in evaluation even with batches of 1.",
+                                              "use a shorter max_length or a smaller model.",
+                                              step=run.state.step))))
+    model.train()
+    metrics = {**run.task.metrics(outputs), **run.task.generation_metrics(model, run.tokenizer)}
+    run.state.metrics = metrics
+    run.log.write("eval", step=run.state.step,
+                  epoch=round(run.state.epoch + run.state.batch_in_epoch / run.batches_per_epoch, 4), **metrics)
+    value = metrics[f"eval_{run.config.selection_metric}"]
+    best = run.state.best_value
+    lower_is_better = run.config.selection_metric == "loss"
+    better = best is None or (value < best if lower_is_better else value > best)
+    if math.isfinite(value) and better and checkpoint.weights_finite(acc, model):
+        run.state.best_value, run.state.best_step = value, run.state.step
+        _save_model(run, run.output_dir / BEST_DIR, extra={"step": run.state.step, "metrics": metrics})
+    return metrics
+
+
+# ------------------------------------------------------------------------- saving
+def _save_checkpoint(run: _Run) -> Path:
+    """Every process saves its part (Accelerate); the main process makes it atomic."""
+    _check_losses(run)  # never checkpoint weights that a NaN loss has already ruined
+    if not checkpoint.weights_finite(run.accelerator, run.model):
+        raise TrainingError(f"The weights contain NaN/inf at step {run.state.step}.",
+                            "lower learning_rate or use precision='bf16'.", step=run.state.step)
+    path = checkpoint.save_checkpoint(run.accelerator, run.output_dir, run.state.step, asdict(run.state),
+                                      run.record, keep=run.config.keep_checkpoints)
+    run.log.write("checkpoint", step=run.state.step, path=str(path))
+    return path
+
+
+def _save_model(run: _Run, directory: Path, extra: dict | None = None) -> Path:
+    return checkpoint.save_model(run.accelerator, run.task, run.model, run.tokenizer, directory, extra)
+
+
+def _resume(run: _Run, path: Path) -> list[tuple[str, str]]:
+    """Load everything from ``path`` (refused when it is another run's); returns messages to log."""
+    state, messages = checkpoint.resume(run.accelerator, path, run.record)
+    run.state = checkpoint.TrainState(**state)
+    if not 1 <= run.state.micro_batch_size <= run.config.batch_size:
+        run.state.micro_batch_size = run.config.batch_size
+    return messages
+
+
+def _result(run: _Run, status: str, model_dir: Path | None, history: list[dict]) -> FitResult:
+    best = run.output_dir / BEST_DIR
+    return FitResult(output_dir=run.output_dir, model_dir=model_dir, status=status,
+                     metrics=dict(run.state.metrics), history=history,
+                     best_checkpoint=best if best.is_dir() else None,
+                     label_names=list(run.task.identity().get("labels", [])))
+
+
+# ------------------------------------------------------------------------- set-up
+def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: str,
+             stop: StopRequest, listeners: Sequence[Callable]) -> _Run:
+    from accelerate.utils import set_seed
+
+    accelerator = distributed.make_accelerator(config, precision)
+    set_seed(config.seed)  # the new head's initial weights depend on it
+    tokenizer = task.load_tokenizer(model_choice)
+    model = task.build_model(model_choice, tokenizer, config)
+    notes = list(task.notes)
+    max_length, note = model_checks.effective_max_length(config.max_length, model.config, model_choice.name_or_path)
+    if note:  # capped to the model's positions, before tokenizing and recording the run
+        config = dataclasses.replace(config, max_length=max_length)
+        notes.append((note, "warn"))
+    with accelerator.local_main_process_first():  # datasets' cache is written once per node
+        train_ds, eval_ds = task.datasets(splits, tokenizer, config.max_length, model)
+    collate = task.collator(tokenizer)
+    sampler = batching.LengthGroupedBatchSampler(train_ds.lengths, config.batch_size, seed=config.seed,
+                                                 group_by_length=config.group_by_length)
+    eval_sampler = batching.LengthGroupedBatchSampler(eval_ds.lengths, config.batch_size * 2, shuffle=False)
+    train_loader = batching.make_loader(train_ds, sampler, collate, config.num_workers, config.seed)
+    eval_loader = batching.make_loader(eval_ds, eval_sampler, collate, config.num_workers, config.seed)
+    optimizer = make_optimizer(model, config)
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+
+    batches_per_epoch = len(train_loader)  # this process's share
+    steps_per_epoch = math.ceil(batches_per_epoch / config.gradient_accumulation_steps)
+    total_steps = config.max_steps or math.ceil(config.num_epochs * steps_per_epoch)
+    scheduler = make_scheduler(config.scheduler, optimizer, int(config.warmup_ratio * total_steps), total_steps)
+    scheduler = accelerator.prepare(scheduler)  # saved and restored with the accelerator's state
+    checkpoint.keep_task_weights(accelerator, task)
+
+    log = EventLog(config.output_dir, enabled=accelerator.is_main_process)
+    for listener in listeners if accelerator.is_main_process else ():
+        log.add_listener(listener)
+    record = checkpoint.run_record(asdict(config), seed=config.seed, precision=precision,
+                                   world_size=accelerator.num_processes,
+                                   extra={"model": model_choice.name_or_path, **task.identity()})
+    return _Run(config=config, task=task, accelerator=accelerator, model=model, optimizer=optimizer,
+                scheduler=scheduler, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
+                tokenizer=tokenizer, log=log, record=record, precision=precision, total_steps=total_steps,
+                batches_per_epoch=batches_per_epoch, state=checkpoint.TrainState(micro_batch_size=config.batch_size),
+                stop=stop, notes=notes, display=bool(listeners))
+
+
+def _close(run: _Run) -> None:
+    run.log.close()
+    if run.accelerator.num_processes == 1:
+        # Leave the kernel as we found it: accelerate.notebook_launcher refuses to start
+        # while an Accelerator's state exists in the process.
+        distributed.reset_accelerate_state()
+    free_memory()

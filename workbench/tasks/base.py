@@ -1,0 +1,139 @@
+"""The seam between the engine and a task: the ``Task`` protocol, and what every task shares.
+
+``Task`` lists what the engine's loop asks of a task; ``split_batch``, ``fingerprint``,
+``load_pretrained``, ``load_full_state`` and ``enable_gradient_checkpointing`` are the
+helpers the tasks have in common.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from workbench.config import ModelChoice, TrainConfig
+from workbench.errors import ModelError
+
+
+class Task(Protocol):
+    name: str  # "classification", ...: recorded with the run, checked on resume
+    notes: list[tuple[str, str]]  # (text, level) from loading the model: logged after "start"
+
+    def check_data(self, splits) -> None:
+        """Everything that can be wrong with the data, found before any training (DataError)."""
+
+    def load_tokenizer(self, choice: ModelChoice) -> Any: ...
+
+    def build_model(self, choice: ModelChoice, tokenizer, config: TrainConfig) -> torch.nn.Module:
+        """The model ready to train, on the CPU, fp32 master weights."""
+
+    def datasets(self, splits, tokenizer, max_length: int, model) -> tuple[Any, Any]:
+        """(train, eval) torch Datasets; each has ``.lengths`` (tokens per row) for the sampler."""
+
+    def collator(self, tokenizer) -> Any:
+        """collate_fn: rows -> a dict of padded tensors."""
+
+    def rows(self, batch: dict) -> int:
+        """Examples in a batch (to split it into micro-batches)."""
+
+    def units(self, batch: dict) -> torch.Tensor | int:
+        """What ``loss`` averages over (rows; supervised tokens for a language model):
+        micro-batches of one optimizer step are weighted by their share of it."""
+
+    def loss(self, model, batch: dict) -> torch.Tensor:
+        """Mean training loss of the batch (a scalar tensor, no host sync)."""
+
+    def eval_outputs(self, model, batch: dict) -> tuple[torch.Tensor, ...]:
+        """Per-row tensors the metrics need; gathered across processes."""
+
+    def metrics(self, outputs: list[tuple[torch.Tensor, ...]]) -> dict[str, float]:
+        """``eval_loss`` and the task's metrics from every batch's eval outputs."""
+
+    def generation_metrics(self, model, tokenizer) -> dict[str, float]:
+        """Metrics that need generation (a language model's exact match); {} when off or none."""
+
+    def model_state(self, model) -> dict[str, torch.Tensor]:
+        """The weights a checkpoint must hold (an adapter's only, for LoRA)."""
+
+    def load_model_state(self, model, state: dict[str, torch.Tensor]) -> None: ...
+
+    def save_model(self, model, tokenizer, directory: Path, state_dict: dict | None) -> None:
+        """Write the final (or best) model so its pipeline loads ``directory``."""
+
+    def finish(self, model_dir: Path, write_dir: Callable[[Path, Callable[[Path], None]], Path]
+               ) -> list[tuple[str, str]]:
+        """Outputs made from the saved final model (a merged LoRA model); (text, level) messages.
+        Called on the main process only. ``write_dir(final, write)`` is the engine's atomic
+        folder writer: ``write(tmp)`` fills a temporary folder that then replaces ``final``."""
+
+    def identity(self) -> dict[str, Any]:
+        """Facts that make a run this run (labels, ...): written to the run record."""
+
+
+def fingerprint(dataset, columns) -> str:
+    """A hash of ``columns`` of every row: the same data gives the same value in any process."""
+    digest = hashlib.sha256()
+    for start in range(0, len(dataset), 10_000):
+        rows = dataset.select_columns(list(columns))[start:start + 10_000]
+        digest.update(json.dumps(rows, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute activations in the backward pass: less memory, ~30% more compute.
+
+    Non-reentrant checkpointing works with DDP and with frozen inputs (LoRA).
+    transformers 5 renamed the method; the old name warns.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def split_batch(task: Task, batch: dict, size: int) -> list[dict]:
+    """``batch`` cut into micro-batches of at most ``size`` rows (after an out-of-memory)."""
+    rows = task.rows(batch)
+    if rows <= size:
+        return [batch]
+    if hasattr(task, "split"):  # batches that are not one row per example (flattened sequences)
+        return task.split(batch, size)
+    return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
+
+
+def load_pretrained(auto_class, choice: ModelChoice, **kwargs):
+    """``auto_class.from_pretrained`` with every failure turned into a ModelError with a fix.
+
+    A ``.gguf`` file (llama.cpp, Ollama) is converted to a model folder once, then cached.
+    """
+    from workbench.sources.hub import OFFLINE_FIX, is_offline
+
+    source = str(choice.name_or_path)
+    if source.lower().endswith(".gguf"):
+        from workbench.sources.gguf import convert_gguf
+
+        source = str(convert_gguf(source))
+    try:
+        return auto_class.from_pretrained(source, revision=choice.revision, **kwargs)
+    except Exception as exc:  # OSError, ValueError, HF hub errors: all mean "cannot load this"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fix = "check the name on https://huggingface.co/models, or pass a local folder with config.json"
+        if is_offline():
+            fix = OFFLINE_FIX
+        raise ModelError(f"Cannot load model {choice.name_or_path!r}: {reason}", fix) from None
+
+
+def load_full_state(model, state: dict[str, torch.Tensor], fix: str) -> None:
+    """Every weight of ``model`` from ``state``; ModelError (with ``fix``) when they do not fit."""
+    # strict=False: safetensors drops tied duplicates; anything else missing is an error.
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise ModelError(f"The checkpoint's weights do not fit this model (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}).", fix)
