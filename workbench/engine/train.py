@@ -410,13 +410,14 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: s
     set_seed(config.seed)  # the new head's initial weights depend on it
     tokenizer = task.load_tokenizer(model_choice)
     model = task.build_model(model_choice, tokenizer, config)
-    notes = list(task.notes)
+    notes = []
     max_length, note = model_checks.effective_max_length(config.max_length, model.config, model_choice.name_or_path)
     if note:  # capped to the model's positions, before tokenizing and recording the run
         config = dataclasses.replace(config, max_length=max_length)
         notes.append((note, "warn"))
     with accelerator.local_main_process_first():  # datasets' cache is written once per node
         train_ds, eval_ds = task.datasets(splits, tokenizer, config.max_length, model)
+    notes = [*task.notes, *notes]  # the task's, from checking and encoding the data and loading the model
     collate = task.collator(tokenizer)
     sampler = batching.LengthGroupedBatchSampler(train_ds.lengths, config.batch_size, seed=config.seed,
                                                  group_by_length=config.group_by_length)

@@ -30,6 +30,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -703,11 +704,18 @@ def load_splits(choice: DatasetChoice) -> DatasetDict:
     All columns are kept and nothing is checked here: the task knows which columns it
     reads (chat messages, prompt/completion, text) and checks them. Without an eval
     split, a random ``validation_fraction`` of train (seed ``choice.seed``) becomes one.
+
+    Each row keeps its index in what the user gave (``ROW_COLUMN``) and the result's
+    ``origins`` ({split: RowOrigin}) turns that index into a file and line, so an error
+    about a row points into the user's file, not into the shuffled split made from it.
     """
     from datasets import DatasetDict
 
     raw = load_raw(choice)
+    files = find_data_files(choice.path)[2] if choice.source == "files" else {}
     train = _train_split(raw, choice)
+    train = train.add_column(ROW_COLUMN, list(range(train.num_rows)))
+    origins = {"train": RowOrigin(files.get(choice.train_split, []), choice.path, choice.train_split)}
     eval_split = _eval_split_name(raw, choice)
     if eval_split is None:
         if train.num_rows < 2:
@@ -715,7 +723,73 @@ def load_splits(choice: DatasetChoice) -> DatasetDict:
                             "validation set off.", "add rows, or give an eval split.")
         parts = train.train_test_split(test_size=choice.validation_fraction, seed=choice.seed)
         train, validation = parts["train"], parts["test"]
+        origins["validation"] = origins["train"]
     else:
         validation = raw[eval_split]
-    return DatasetDict(train=_cap(train, choice.max_train_rows, choice.seed),
-                       validation=_cap(validation, choice.max_eval_rows, choice.seed))
+        validation = validation.add_column(ROW_COLUMN, list(range(validation.num_rows)))
+        origins["validation"] = RowOrigin(files.get(eval_split, []), choice.path, eval_split)
+    splits = DatasetDict(train=_cap(train, choice.max_train_rows, choice.seed),
+                         validation=_cap(validation, choice.max_eval_rows, choice.seed))
+    splits.origins = origins
+    return splits
+
+
+# ---------------------------------------------------------------- where a row came from
+ROW_COLUMN = "__workbench_row__"  # a row's index in the file(s) of its split, from 0
+
+
+@dataclass
+class RowOrigin:
+    """The files (or hub split) a split's rows were read from, in the order datasets read them."""
+
+    files: list[str]
+    source: str  # the data path or hub id as given
+    split: str  # the split's name there
+
+    def describe(self, index: int) -> str:
+        """Row ``index`` (ROW_COLUMN) as the user finds it: "data/chats.jsonl line 8"."""
+        if not self.files:
+            return f"{self.source} split {self.split!r} row {index}"
+        for path in self.files:
+            starts = _record_lines(Path(path))
+            if index < len(starts):
+                line = starts[index]
+                return f"{path} line {line}" if line else f"{path} row {index} (counting from 0)"
+            index -= len(starts)
+        return f"{self.files[-1]} row {index}"
+
+
+def row_locator(splits, split: str):
+    """``locate(ds_row_index) -> str`` for rows of ``splits[split]``: the user's file and line
+    when the splits came from ``load_splits``, else the split's own row index (a DatasetDict
+    the user built: its rows are what they see)."""
+    ds = splits[split]
+    origin = getattr(splits, "origins", {}).get(split)
+    if origin is None or ROW_COLUMN not in ds.column_names:
+        return lambda i: f"{split} split row {i}"
+    rows = ds[ROW_COLUMN]
+    return lambda i: origin.describe(rows[i])
+
+
+def _record_lines(path: Path) -> list[int | None]:
+    """The 1-based line on which each record of a data file starts (None where lines mean nothing)."""
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl" or (suffix == ".json" and not path.read_text(encoding="utf-8").lstrip().startswith("[")):
+        with path.open(encoding="utf-8") as f:
+            return [n for n, line in enumerate(f, start=1) if line.strip()]
+    if suffix in (".csv", ".tsv"):
+        import csv
+
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f, delimiter="\t" if suffix == ".tsv" else ",")
+            starts, end = [], 0
+            for record in reader:
+                if any(cell.strip() for cell in record):
+                    starts.append(end + 1)
+                end = reader.line_num
+            return starts[1:]  # the header is not a row
+    if suffix == ".json":
+        return [None] * len(json.loads(path.read_text(encoding="utf-8")))
+    import pyarrow.parquet as pq
+
+    return [None] * pq.ParquetFile(path).metadata.num_rows
