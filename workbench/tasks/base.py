@@ -70,6 +70,10 @@ class Task(Protocol):
         Called on the main process only. ``write_dir(final, write)`` is the engine's atomic
         folder writer: ``write(tmp)`` fills a temporary folder that then replaces ``final``."""
 
+    def num_classes(self) -> int | None:
+        """What the model chooses among at each prediction (labels; vocabulary tokens for an LM):
+        ln of it is the loss of a uniform guess, where a diverged run ends up. None: unknown."""
+
     def identity(self) -> dict[str, Any]:
         """Facts that make a run this run (labels, ...): written to the run record."""
 

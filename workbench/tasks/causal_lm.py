@@ -461,6 +461,7 @@ class CausalLMTask:
         self.padding_free = False
         self.dropped: dict[str, int] = {}  # rows whose supervised tokens were all truncated away
         self.parameters: dict[str, int] = {}
+        self.vocab_size: int | None = None  # the LM head's outputs: ln of it is a uniform guess's loss
         self.targets: list[str] = []
         self.notes: list[tuple[str, str]] = []  # (text, level) from set-up, logged after "start"
         self.data_fingerprint: str | None = None
@@ -644,6 +645,8 @@ class CausalLMTask:
             kwargs["dtype"] = _half_dtype()
         model = load_pretrained(AutoModelForCausalLM, choice, **kwargs)
         self.model_name = choice.name_or_path
+        head = model.get_output_embeddings()
+        self.vocab_size = int(head.weight.shape[0]) if head is not None else getattr(model.config, "vocab_size", None)
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
         if checkpointing:
@@ -805,6 +808,10 @@ class CausalLMTask:
             lora.load_adapter_state(model, state)
             return
         load_full_state(model, state, "resume with the model and finetune setting the run was started with.")
+
+    def num_classes(self) -> int | None:
+        """The vocabulary the LM head predicts over (its output size, padding rows included)."""
+        return self.vocab_size
 
     def identity(self) -> dict:
         """Facts that make a run this run, for the run record (and a resume check)."""
