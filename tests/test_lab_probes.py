@@ -297,6 +297,10 @@ def test_kernel_environment_has_no_token(lab):
         # No heartbeat: on a loaded machine it misses beats and the client declares the
         # kernel dead; execute_interactive waits for the reply itself.
         client.start_channels(hb=False)
+        # The output channel is a subscription that goes live some time after start_channels:
+        # output published before then is lost for good (under load, the whole print). wait_for_ready
+        # returns once a kernel_info reply came back *and* a message arrived on that channel.
+        client.wait_for_ready(timeout=120)
         seen = []
         client.execute_interactive(
             "import os, json; print('ENV=' + json.dumps(dict(os.environ)))",

@@ -501,6 +501,7 @@ class CausalLMTask:
                                 "set the *_column settings to your column names.")
             self._check_rows(splits, split, needed)
         self._check_generation()
+        self.notes += self._system_prompt_notes(splits["train"])
         self.data_fingerprint = fingerprint(splits["train"], needed)  # resume checks it is the same data
         self.notes += _duplicate_notes(splits, needed)
 
@@ -524,6 +525,25 @@ class CausalLMTask:
             raise DataError(f"{count} of {len(ds)} {split} rows cannot be trained on: " + "; ".join(bad)
                             + f"{more}.", "fix or drop those rows in the file (datasets: ds.filter(...)) "
                             "before training.")
+
+    def _system_prompt_notes(self, ds) -> list[tuple[str, str]]:
+        """Where system_prompt goes in chat rows: first, in each conversation without a system message."""
+        s = self.settings
+        if not s.system_prompt:
+            return []
+        if self.format == "text":
+            raise ConfigError("system_prompt", s.system_prompt, "None for plain-text (text column) data",
+                              fix="remove system_prompt: text rows are trained as they are, with no chat "
+                                  "template to put a system message in; use messages or prompt/completion "
+                                  "rows to train with one.")
+
+        def has_system(value) -> bool:
+            return isinstance(value, list) and any(m["role"] == "system" for m in normalize_messages(value)[0])
+
+        own = sum(map(has_system, ds[s.messages_column if self.format == "messages" else s.prompt_column]))
+        text = (f"system_prompt is put first in {len(ds) - own} of {len(ds)} train conversations"
+                + (f"; {own} have a system message of their own, which is kept instead." if own else "."))
+        return [(text, "info")]
 
     def _check_generation(self) -> None:
         """eval_generate needs a prompt to answer and a reference answer: chat or pair rows."""
