@@ -64,9 +64,9 @@ def _check_jinja(template: str) -> None:
         shown = lines[exc.lineno - 1].strip() if 0 < exc.lineno <= len(lines) else ""
         raise ConfigError("chat_template", f"<template line {exc.lineno}: {shown[:60]}>",
                           "a Jinja template that compiles",
-                          fix=f"line {exc.lineno} of the template: {exc.message}. Close every {{% if %}} / "
-                              "{% for %} with {% endif %} / {% endfor %} and every {{ with }}, or use "
-                              "chat_template: simple.") from None
+                          fix=f"line {exc.lineno} of the template: {str(exc.message).rstrip('.')}. Close every "
+                              "{% if %} / {% for %} with {% endif %} / {% endfor %} and every {{ with }}, "
+                              "or use chat_template: simple.") from None
 
 
 @dataclass

@@ -25,6 +25,7 @@ after the loaders. The next split is loaders (hub, files) apart from the checks.
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import os
 import re
@@ -773,6 +774,13 @@ def row_locator(splits, split: str):
 
 def _record_lines(path: Path) -> list[int | None]:
     """The 1-based line on which each record of a data file starts (None where lines mean nothing)."""
+    stat = path.stat()
+    return _record_lines_cached(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)  # an error names up to a few rows: read each file once
+def _record_lines_cached(name: str, mtime_ns: int, size: int) -> list[int | None]:
+    path = Path(name)
     suffix = path.suffix.lower()
     if suffix == ".jsonl" or (suffix == ".json" and not path.read_text(encoding="utf-8").lstrip().startswith("[")):
         with path.open(encoding="utf-8") as f:
