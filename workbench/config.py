@@ -172,7 +172,7 @@ class TrainConfig:
     prompt_column: str = "prompt"
     completion_column: str = "completion"
     text_column: str = "text"  # plain language modelling: every token carries loss
-    system_prompt: str | None = None  # a system message put before each prompt/completion pair
+    system_prompt: str | None = None  # a system message put first in each conversation that has none
     eval_generate: int = 0  # eval rows answered greedily for eval_exact_match; 0: off (it is slow)
     eval_max_new_tokens: int = 64
     merge_adapter: bool = False  # also write model_merged/ (base + adapter, a plain model) at the end
