@@ -281,10 +281,11 @@ def test_lora_on_a_norm_layer_is_refused_with_the_layers_that_can_be_adapted(tin
             lora_target_modules=["q_proj", "input_layernorm"], **LORA)
     assert err.value.field == "lora_target_modules" and err.value.value == ["input_layernorm"]
     assert "'input_layernorm' is a LlamaRMSNorm" in err.value.fix and "q_proj, up_proj, v_proj" in str(err.value)
-    _nothing_saved(out)
+    assert not out.exists()  # found on an empty copy of the model, before the output folder is made
     data = _jsonl(tmp_path / "chats.jsonl", make_chat_rows(8))
     code, printed = _cli(capsys, _config(tmp_path, tiny_llama_dir, data, lora_target_modules=["norm"]))
     assert code == 2 and "'norm' is a LlamaRMSNorm" in printed and "Traceback" not in printed
+    assert not (tmp_path / "cli-run").exists()
 
 
 # ------------------------------------------------------------------------------- GGUF

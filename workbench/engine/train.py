@@ -102,6 +102,7 @@ def fit(
     splits, columns, label = inputs.resolve_data(data, text_columns, label_column, config.task)
     task = make_task(config, columns, label)
     task.check_data(splits)
+    task.check_model(model_choice)  # settings that depend on the model's layers (LoRA targets)
     precision = resolve_precision(config.precision, device_facts())
     inputs.check_output_dir(Path(config.output_dir))
     # One run per folder: the main process (global rank 0) holds the lock for all of them.

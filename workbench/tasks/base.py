@@ -26,6 +26,9 @@ class Task(Protocol):
     def check_data(self, splits) -> None:
         """Everything that can be wrong with the data, found before any training (DataError)."""
 
+    def check_model(self, choice: ModelChoice) -> None:
+        """Settings that depend on the model's layers, checked before anything loads (ConfigError)."""
+
     def load_tokenizer(self, choice: ModelChoice) -> Any: ...
 
     def build_model(self, choice: ModelChoice, tokenizer, config: TrainConfig) -> torch.nn.Module:

@@ -560,6 +560,24 @@ class CausalLMTask:
                               fix="set eval_generate: 0, or loss_on: completion (exact match compares the "
                                   "answer to the supervised tokens, which are every token with loss_on='all').")
 
+    def check_model(self, choice: ModelChoice) -> None:
+        """Settings that depend on the model's layers, checked on an empty (meta-device) copy of it
+        built from its config: no weights are read, so a wrong ``lora_target_modules`` is refused in
+        well under a second, before anything is written or loaded. Skipped when the config cannot
+        be read here (a hub id not cached, a .gguf not converted yet): the real load checks again."""
+        if self.settings.finetune == "full" or not self.settings.lora_target_modules:
+            return
+        try:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            config = AutoConfig.from_pretrained(str(choice.name_or_path), revision=choice.revision,
+                                                local_files_only=True)
+            with torch.device("meta"):
+                skeleton = AutoModelForCausalLM.from_config(config)
+        except Exception:  # noqa: BLE001 - any failure here is reported by the real load
+            return
+        lora.check_targets(skeleton, list(self.settings.lora_target_modules))
+
     def load_tokenizer(self, choice: ModelChoice):
         from transformers import AutoTokenizer
 

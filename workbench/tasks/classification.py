@@ -139,6 +139,9 @@ class ClassificationTask:
     def finish(self, model_dir: Path, write_dir) -> list[tuple[str, str]]:
         return []
 
+    def check_model(self, choice: ModelChoice) -> None:
+        """Nothing depends on the model's layers here: the head is made for the labels."""
+
     def num_classes(self) -> int | None:
         return len(self.labels.names) if self.labels else None
 
