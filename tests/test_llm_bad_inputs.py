@@ -443,3 +443,30 @@ def test_a_very_long_conversation_is_cut_without_rendering_every_turn(tokenizer,
     assert max(train.lengths) <= 128
     everything = train.labels + task.eval_dataset.labels
     assert all(any(t != IGNORE for t in labels[1:]) for labels in everything)
+
+
+def test_chats_as_json_text_in_a_csv_and_numbers_as_written_are_read(tokenizer, tmp_path):
+    chats = tmp_path / "chats.csv"
+    rows = [[{"role": "User", "content": f"q{i}"}, {"role": "ASSISTANT", "content": f"a{i}"}] for i in range(6)]
+    chats.write_text("messages\n" + "".join('"' + json.dumps(r).replace('"', '""') + '"\n' for r in rows))
+    splits = load_splits(DatasetChoice(source="files", path=str(chats), eval_split=None, validation_fraction=0.25))
+    task = CausalLMTask(TrainConfig(task="causal_lm"))
+    task.check_data(splits)  # JSON text parsed, role names in any case
+    assert task.format == "messages"
+
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("prompt,completion\n" + "".join(f"{i}+{i}?,00{2 * i}\n" for i in range(6)) + "half?,2.50\n")
+    splits = load_splits(DatasetChoice(source="files", path=str(pairs), eval_split=None, validation_fraction=0.25))
+    everything = list(splits["train"]["completion"]) + list(splits["validation"]["completion"])
+    assert sorted(everything) == sorted([f"00{2 * i}" for i in range(6)] + ["2.50"])  # the text as written
+
+
+def test_an_assistant_turn_with_weight_0_is_context_not_an_answer(tokenizer, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"},
+                          {"role": "assistant", "content": f"Draft {i}.", "weight": 0},
+                          {"role": "user", "content": "Better?"},
+                          {"role": "assistant", "content": f"Final {i}.", "weight": 1}]} for i in range(6)]
+    _, train = _encode(tokenizer, rows, tmp_path)
+    for ids, labels in zip(train.input_ids, train.labels, strict=True):
+        supervised = tokenizer.decode([t for t in labels if t != IGNORE])
+        assert "Final" in supervised and "Draft" not in supervised and "Draft" in tokenizer.decode(ids)

@@ -261,8 +261,12 @@ def find_data_files(path: str | os.PathLike) -> tuple[str, dict[str, Any], dict[
     return builder, dict(kwargs), splits
 
 
-def load_files(path: str | os.PathLike) -> DatasetDict:
-    """Load a local file or folder into a DatasetDict, one entry per split."""
+def load_files(path: str | os.PathLike, *, csv_as_text: bool = False) -> DatasetDict:
+    """Load a local file or folder into a DatasetDict, one entry per split.
+
+    ``csv_as_text``: every CSV/TSV column is read as the text written ("004", "2.50" stay so),
+    not typed as numbers by pandas: what a language model trains on is the text.
+    """
     import datasets
 
     builder, kwargs, splits = find_data_files(path)
@@ -270,6 +274,13 @@ def load_files(path: str | os.PathLike) -> DatasetDict:
         kwargs.setdefault("encoding", "utf-8-sig")  # a spreadsheet's BOM must not join the header
         for key, value in CSV_READ_OPTIONS.items():
             kwargs.setdefault(key, value)
+        if csv_as_text:
+            import csv
+
+            first = Path(next(iter(splits.values()))[0])
+            with first.open(encoding="utf-8-sig", newline="") as f:
+                header = next(csv.reader(f, delimiter=kwargs.get("delimiter", ",")), [])
+            kwargs["features"] = datasets.Features({name: datasets.Value("string") for name in header})
     try:
         loaded = datasets.load_dataset(builder, data_files=splits, **kwargs)
     except Exception as e:  # pyarrow/pandas raise many types; each becomes one clear message
@@ -369,10 +380,10 @@ def _not_found(text: str) -> DataError:
     )
 
 
-def load_raw(choice: DatasetChoice) -> DatasetDict:
+def load_raw(choice: DatasetChoice, *, csv_as_text: bool = False) -> DatasetDict:
     """Every split of the chosen source, unchecked (for the picker's preview)."""
     if choice.source == "files":
-        return load_files(choice.path)
+        return load_files(choice.path, csv_as_text=csv_as_text)
     if looks_like_local_path(choice.path, FORMATS) and not Path(choice.path).expanduser().exists():
         raise _not_found(choice.path)  # not a hub id: the hub's "offline" error would mislead
     return load_hub(choice.path, choice.config_name)
@@ -712,7 +723,7 @@ def load_splits(choice: DatasetChoice) -> DatasetDict:
     """
     from datasets import DatasetDict
 
-    raw = load_raw(choice)
+    raw = load_raw(choice, csv_as_text=True)  # "004" and "2.50" are answers as written, not numbers
     files = find_data_files(choice.path)[2] if choice.source == "files" else {}
     train = _train_split(raw, choice)
     train = train.add_column(ROW_COLUMN, list(range(train.num_rows)))
@@ -760,16 +771,23 @@ class RowOrigin:
         return f"{self.files[-1]} row {index}"
 
 
-def row_locator(splits, split: str):
-    """``locate(ds_row_index) -> str`` for rows of ``splits[split]``: the user's file and line
-    when the splits came from ``load_splits``, else the split's own row index (a DatasetDict
-    the user built: its rows are what they see)."""
-    ds = splits[split]
-    origin = getattr(splits, "origins", {}).get(split)
-    if origin is None or ROW_COLUMN not in ds.column_names:
-        return lambda i: f"{split} split row {i}"
-    rows = ds[ROW_COLUMN]
-    return lambda i: origin.describe(rows[i])
+class RowLocator:
+    """Rows of ``splits[split]`` as the user finds them: ``locate(i)`` is the file and line when
+    the splits came from ``load_splits``, else the split's own row index (a DatasetDict the
+    user built: its rows are what they see); ``position(i)`` orders rows as the file does."""
+
+    def __init__(self, splits, split: str):
+        ds = splits[split]
+        self.split = split
+        self.origin = getattr(splits, "origins", {}).get(split)
+        self.rows = list(ds[ROW_COLUMN]) if self.origin is not None and ROW_COLUMN in ds.column_names else None
+
+    def __call__(self, i: int) -> str:
+        return f"{self.split} split row {i}" if self.rows is None else self.origin.describe(self.rows[i])
+
+    def position(self, i: int) -> int:
+        return i if self.rows is None else self.rows[i]
+
 
 
 def _record_lines(path: Path) -> list[int | None]:

@@ -58,7 +58,7 @@ from torch.utils.data import Dataset
 
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import ConfigError, DataError
-from workbench.sources.data import ROW_COLUMN, row_locator
+from workbench.sources.data import ROW_COLUMN, RowLocator
 from workbench.tasks import lora
 from workbench.tasks.base import (
     enable_gradient_checkpointing,
@@ -127,7 +127,7 @@ def normalize_message(m: Any, j: int) -> tuple[dict | None, str | None]:
         return None, f"message {j} is {type(m).__name__}, not a {{role, content}} dict"
     role, content = m.get("role"), m.get("content")
     if role is None and m.get("from") is not None:  # ShareGPT
-        role = SHAREGPT_ROLES.get(str(m["from"]).lower())
+        role = SHAREGPT_ROLES.get(str(m["from"]).strip().lower())
         if role is None:
             return None, (f"message {j} has from={m['from']!r}; ShareGPT roles read here: "
                           f"{', '.join(SHAREGPT_ROLES)}")
@@ -143,15 +143,31 @@ def normalize_message(m: Any, j: int) -> tuple[dict | None, str | None]:
             return None, (f"message {j} has a {other!r} content part: only text parts can be trained "
                           "here (a text-only model)" if content else f"message {j} has an empty content list")
         content = "\n".join(part.get("text") or "" for part in content)
+    if isinstance(role, str) and role.strip().lower() in ROLES:  # "User", "ASSISTANT " from hand-made files
+        role = role.strip().lower()
     if role not in ROLES:
         return None, f"message {j} has role {role!r}; allowed: {', '.join(ROLES)} (or ShareGPT's from/value)"
     if not isinstance(content, str):
         return None, f"message {j} ({role}) has no text content (got {type(content).__name__})"
-    return {"role": role, "content": content}, None
+    weight = m.get("weight")
+    if weight is None or role != "assistant":
+        return {"role": role, "content": content}, None
+    if weight not in (0, 1) or isinstance(weight, bool):
+        return None, f"message {j} has weight {weight!r}; allowed: 0 (do not train on it) or 1"
+    # OpenAI's fine-tuning format: weight 0 = context only, not an answer to learn
+    return {"role": role, "content": content, "weight": int(weight)}, None
 
 
 def normalize_messages(messages: Any) -> tuple[list[dict], str | None]:
-    """Every message of a conversation normalized; the first problem if any."""
+    """Every message of a conversation normalized; the first problem if any.
+
+    A conversation stored as JSON text (a CSV column of chats) is parsed first.
+    """
+    if isinstance(messages, str) and messages.lstrip().startswith("["):
+        try:
+            messages = json.loads(messages)
+        except ValueError as exc:
+            return [], f"the messages are text that starts like a JSON list but is not one ({exc})"
     if not isinstance(messages, list) or not messages:
         kind = "an empty list" if isinstance(messages, list) else type(messages).__name__
         return [], f"expected a non-empty list of {{role, content}} messages, got {kind}"
@@ -176,6 +192,8 @@ def _message_problem(messages: Any, loss_on: str) -> str | None:
         return f"assistant message {empty[0]} is empty or whitespace-only"
     if loss_on == "completion" and not any(m["role"] == "assistant" for m in messages):
         return "no assistant message: nothing to learn with loss_on='completion'"
+    if loss_on == "completion" and not any(m["role"] == "assistant" and m.get("weight", 1) for m in messages):
+        return "every assistant message has weight 0: nothing to learn with loss_on='completion'"
     return None
 
 
@@ -231,13 +249,13 @@ def _duplicate_notes(splits, columns: list[str]) -> list[tuple[str, str]]:
             first[d] = i
     notes = []
     if twice:
-        locate = row_locator(splits, "train")
+        locate = RowLocator(splits, "train")
         a, b = twice[0]
         notes.append((f"{len(twice)} train rows repeat an earlier train row (e.g. {locate(b)} repeats "
                       f"{locate(a)}): they weigh double in training. Drop duplicates if that is not meant.", "warn"))
     leaked = [i for i, d in enumerate(validation) if d in first]
     if leaked:
-        locate = row_locator(splits, "validation")
+        locate = RowLocator(splits, "validation")
         notes.append((f"{len(leaked)} of {len(validation)} validation rows are also train rows (e.g. "
                       f"{locate(leaked[0])}): eval_loss will look better than the model is. Drop them from "
                       "one of the two.", "warn"))
@@ -287,7 +305,7 @@ def assistant_spans(tokenizer, messages: list[dict], max_length: int | None = No
             "or leave chat_template unset to use the tokenizer's own.")
     spans = []
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or m.get("weight", 1) == 0:  # weight 0: context, not an answer
             continue
         before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
         if max_length is not None and len(before) > max_length and \
@@ -508,18 +526,18 @@ class CausalLMTask:
     def _check_rows(self, splits, split: str, needed: list[str]) -> None:
         """Every row of ``split`` can be trained on; else a DataError naming the rows in the user's file."""
         ds = splits[split]
-        locate = row_locator(splits, split)
+        locate = RowLocator(splits, split)
         # The other formats' columns, when the file has them: a row of another format says so.
         others = [c for c in (self.settings.messages_column, self.settings.prompt_column,
                               self.settings.completion_column, self.settings.text_column)
                   if c in ds.column_names and c not in needed]
-        bad, count = [], 0
+        problems = []  # (position in the file, row, problem)
         for i, row in enumerate(ds.select_columns(needed + others)):
             problem = _row_problem(row, self.format, self.settings)
             if problem:
-                count += 1
-                if len(bad) < CHECK_ROWS_SHOWN:
-                    bad.append(f"{locate(i)}: {problem}")
+                problems.append((locate.position(i), i, problem))
+        count = len(problems)
+        bad = [f"{locate(i)}: {problem}" for _, i, problem in sorted(problems)[:CHECK_ROWS_SHOWN]]
         if bad:
             more = f" (and {count - len(bad)} more)" if count > len(bad) else ""
             raise DataError(f"{count} of {len(ds)} {split} rows cannot be trained on: " + "; ".join(bad)
@@ -613,7 +631,7 @@ class CausalLMTask:
 
     def _encode_split(self, splits, split: str, tokenizer, max_length: int) -> CausalLMDataset:
         settings, fmt, ds = self.settings, self.format, splits[split]
-        locate = row_locator(splits, split)
+        locate = RowLocator(splits, split)
         all_ids, all_labels, dropped, cut = [], [], [], 0
         for i, row in enumerate(ds):
             try:
@@ -644,7 +662,7 @@ class CausalLMTask:
                             f"max_length={max_length} tokens (e.g. {locate(dropped[0])}).",
                             "raise max_length, or shorten the prompts.")
         if dropped:
-            where = ", ".join(locate(i) for i in dropped[:CHECK_ROWS_SHOWN])
+            where = ", ".join(locate(i) for i in sorted(dropped, key=locate.position)[:CHECK_ROWS_SHOWN])
             self.notes.append((f"{len(dropped)} of {len(ds)} {split} rows were left out: their answer starts "
                                f"after max_length={max_length} tokens ({where}{', ...' if len(dropped) > 3 else ''}"
                                "). Raise max_length to keep them.", "warn"))
