@@ -19,6 +19,9 @@ from workbench.server import hub_singleuser
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
+# The tree under test when it is not the installed one (a worktree run with PYTHONPATH).
+PASS_PYTHONPATH = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+SERVER_CONFIG = REPO / "workbench" / "server" / "jupyter_config" / "jupyter_server_config.py"
 
 # What a hub's spawner puts in the environment (jupyterhub Spawner.get_env), values made up.
 HUB_ENV = {
@@ -62,10 +65,9 @@ def test_a_standalone_credential_under_the_hub_is_refused(name):
 
 def test_command_is_jupyterhub_singleuser_with_the_workbench_configuration(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    env = {**HUB_ENV, "WORKBENCH_SERVER_CONFIG": "/etc/jupyter/jupyter_server_config.py",
-           "WORKBENCH_NOTEBOOK_DIR": "/workspace"}
+    env = {**HUB_ENV, "WORKBENCH_SERVER_CONFIG": str(SERVER_CONFIG), "WORKBENCH_NOTEBOOK_DIR": "/workspace"}
     cmd = hub_singleuser.singleuser_command(["jupyterhub-singleuser", "--debug"], env, python="python3")
-    assert cmd == ["python3", "-m", "jupyterhub.singleuser", "--config=/etc/jupyter/jupyter_server_config.py",
+    assert cmd == ["python3", "-P", "-m", "jupyterhub.singleuser", f"--config={SERVER_CONFIG}",
                    "--ServerApp.root_dir=/workspace", "--debug"]
     # The hub's Spawner.notebook_dir (JUPYTERHUB_ROOT_DIR) wins over the workspace default.
     cmd = hub_singleuser.singleuser_command([], {**env, "JUPYTERHUB_ROOT_DIR": "/home/alice"}, python="python3")
@@ -123,9 +125,9 @@ def run_entrypoint(tmp_path: Path, *args: str, **env: str) -> subprocess.Complet
     shipped = tmp_path / "shipped"
     shipped.mkdir(exist_ok=True)
     (shipped / "01_quickstart.ipynb").write_text("shipped 01")
-    base = {"PATH": os.environ["PATH"], "WORKBENCH_PYTHON": sys.executable,
+    base = {"PATH": os.environ["PATH"], "WORKBENCH_PYTHON": sys.executable, **PASS_PYTHONPATH,
             "WORKBENCH_NOTEBOOK_DIR": str(tmp_path / "workspace"), "WORKBENCH_NOTEBOOKS_SOURCE": str(shipped),
-            "WORKBENCH_SERVER_CONFIG": "/etc/jupyter/jupyter_server_config.py"}
+            "WORKBENCH_SERVER_CONFIG": str(SERVER_CONFIG)}
     return subprocess.run(["bash", str(ENTRYPOINT), *args], env={**base, **env}, capture_output=True, text=True,
                           timeout=60)
 
@@ -133,7 +135,7 @@ def run_entrypoint(tmp_path: Path, *args: str, **env: str) -> subprocess.Complet
 def test_entrypoint_seeds_the_workspace_and_runs_the_hub_server(tmp_path):
     done = run_entrypoint(tmp_path, **HUB_ENV, WORKBENCH_DRY_RUN="1")
     assert done.returncode == 0, done.stderr
-    assert f"running: {sys.executable} -m workbench.server.hub_singleuser" in done.stderr
+    assert f"running: {sys.executable} -P -m workbench.server.hub_singleuser" in done.stderr
     assert (tmp_path / "workspace" / "notebooks" / "01_quickstart.ipynb").read_text() == "shipped 01"
     assert "jupyterlab" not in done.stderr  # not the standalone server
 
@@ -141,7 +143,7 @@ def test_entrypoint_seeds_the_workspace_and_runs_the_hub_server(tmp_path):
 def test_entrypoint_accepts_kubespawners_default_command(tmp_path):
     done = run_entrypoint(tmp_path, "jupyterhub-singleuser", "--debug", **HUB_ENV, WORKBENCH_DRY_RUN="1")
     assert done.returncode == 0, done.stderr
-    assert "-m workbench.server.hub_singleuser jupyterhub-singleuser --debug" in done.stderr
+    assert "-P -m workbench.server.hub_singleuser jupyterhub-singleuser --debug" in done.stderr
 
 
 def test_entrypoint_still_runs_other_commands_under_the_hub(tmp_path):
@@ -162,7 +164,28 @@ def test_module_prints_and_would_exec_jupyterhub_singleuser(tmp_path):
     done = subprocess.run([sys.executable, "-m", "workbench.server.hub_singleuser", "jupyterhub-singleuser"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert f"-m jupyterhub.singleuser --ServerApp.root_dir={tmp_path}" in done.stderr
+    assert f"-P -m jupyterhub.singleuser --config={SERVER_CONFIG} --ServerApp.root_dir={tmp_path}" in done.stderr
+
+
+@pytest.mark.parametrize("options", [
+    ["--ServerApp.allow_origin=http://evil.example", "--ServerApp.allow_credentials=True"],
+    ["--config=/tmp/other.py"],
+    ["jupyterhub-singleuser", "--ServerApp.disable_check_xsrf=True"],
+])
+def test_entrypoint_under_the_hub_checks_options_against_the_allow_list(tmp_path, options):
+    """Hub variables do not open a way around the allow-list (the module really runs: no dry run)."""
+    done = run_entrypoint(tmp_path, *options, **HUB_ENV, WORKBENCH_SERVER_CONFIG=str(SERVER_CONFIG))
+    assert done.returncode == 2, done.stderr
+    assert "is not among the JupyterLab options" in done.stderr and "running: " not in done.stderr.split(
+        "hub_singleuser")[-1]
+
+
+def test_module_refuses_a_missing_configuration(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "WORKBENCH_"))},
+           **HUB_ENV, "WORKBENCH_SERVER_CONFIG": str(tmp_path / "missing.py")}
+    done = subprocess.run([sys.executable, "-m", "workbench.server.hub_singleuser"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "is not a file" in done.stderr, done.stderr
 
 
 def test_module_refuses_to_run_without_a_hub(tmp_path):

@@ -396,7 +396,8 @@ def test_check_options_entry_for_the_image(capsys):
 def test_build_command_as_user(tmp_path):
     command = lab.build_command(8899, "127.0.0.1", tmp_path, ["--ServerApp.log_level=DEBUG"],
                                 environ={}, euid=1000, python="/py")
-    assert command.argv[:3] == ["/py", "-m", "jupyterlab"]
+    # -P: the current folder (the default notebook folder) is not on the server's sys.path.
+    assert command.argv[:4] == ["/py", "-P", "-m", "jupyterlab"]
     assert f"--config={SERVER_CONFIG}" in command.argv
     assert "--ServerApp.port=8899" in command.argv
     assert f"--ServerApp.root_dir={tmp_path}" in command.argv

@@ -26,7 +26,7 @@ from workbench.server.origins import check_allow_origin
 IDENTITY_PROVIDER = "workbench.server.identity.WorkbenchIdentityProvider"
 # Removed from the server's environment once read, so that kernels and terminals (which
 # copy it) never see them: `!env` in a notebook would save them into the .ipynb.
-SCRUBBED_ENV = ("JUPYTER_TOKEN", "WORKBENCH_PASSWORD_HASH")
+SCRUBBED_ENV = ("JUPYTER_TOKEN", "WORKBENCH_PASSWORD_HASH", "WORKBENCH_TOKEN_FD", "JUPYTER_TOKEN_FILE")
 # tornado_settings keys a config may set. Everything else there can switch a protection
 # off behind the server's back (xsrf_cookies, allow_origin, local_hostnames, cookie
 # kwargs, log_function...), so it is refused; `headers` is checked header by header.
@@ -126,7 +126,7 @@ def check_settings(settings: Mapping[str, object]) -> None:
     allow_origin_pat, allow_remote_access, nbconvert_csp_sandbox, euid,
     allow_unauthenticated_access, allow_password_change, tornado_settings, headers,
     local_hostnames, identity_provider_ok, identity_provider, auth_handlers, runtime_dir,
-    insecure_writes, gateway_url, websocket_url.
+    insecure_writes, gateway_url, websocket_url, cookie_secret_set.
     """
     token = str(settings.get("token") or "")
     hashed_password = str(settings.get("hashed_password") or "")
@@ -237,6 +237,12 @@ def check_settings(settings: Mapping[str, object]) -> None:
             "every cell and the gateway's credentials.",
             "unset JUPYTER_GATEWAY_URL / GatewayClient.url; the workbench runs its kernels locally.",
         )
+    if settings.get("cookie_secret_set"):
+        raise LabConfigError(
+            "ServerApp.cookie_secret is set by a config file or the command line: login cookies "
+            "would outlive a change of token.",
+            "remove cookie_secret; the server derives it from its own secret and the token.",
+        )
     if settings.get("runtime_dir"):
         check_runtime_dir(str(settings["runtime_dir"]))
     euid = settings.get("euid")
@@ -301,6 +307,34 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
     })
 
 
+def check_import_path(sys_path: list[str], cwd: str, root_dir: str, pythonpath: str = "") -> None:
+    """No folder a notebook can write may be on the server's import path.
+
+    Refused: '' and relative entries (they mean the current folder), the notebook folder
+    (root_dir), and the current folder unless PYTHONPATH names it. A module planted there
+    (jupyterlab.py, notebook_shim/, ...) would run inside the server.
+    """
+    def real(path: str) -> str:
+        return os.path.realpath(path) if path else ""
+
+    named = {real(p) for p in pythonpath.split(os.pathsep) if p and os.path.isabs(p)}
+    for entry in sys_path:
+        if not entry or not os.path.isabs(entry):
+            why = f"{entry!r} (the current folder)"
+        elif root_dir and real(entry) == real(root_dir):
+            why = f"{entry} (the notebook folder)"
+        elif real(entry) == real(cwd) and real(entry) not in named:
+            why = f"{entry} (the current folder)"
+        else:
+            continue
+        raise LabConfigError(
+            f"the server's Python import path holds {why}: a module planted there (e.g. a "
+            "jupyterlab.py next to the notebooks) would run inside the server.",
+            "start the server with `workbench lab` (or `python -P -m jupyterlab` on Python 3.11+), "
+            "and remove relative or empty entries and the notebook folder from PYTHONPATH.",
+        )
+
+
 def scrub_server_environment() -> None:
     """Remove the credentials from os.environ: kernels and terminals copy it when they start."""
     for name in SCRUBBED_ENV:
@@ -322,7 +356,8 @@ def effective_settings(serverapp) -> dict[str, object]:
     try:
         from workbench.server.identity import WorkbenchIdentityProvider
 
-        identity_ok = isinstance(identity, WorkbenchIdentityProvider)
+        # Exactly the class: a subclass (from a config file) could override get_user.
+        identity_ok = type(identity) is WorkbenchIdentityProvider
     except ImportError:
         identity_ok = False
     gateway = getattr(serverapp, "gateway_config", None)
@@ -361,4 +396,5 @@ def effective_settings(serverapp) -> dict[str, object]:
         "websocket_url": serverapp.websocket_url or "",
         "runtime_dir": serverapp.runtime_dir,
         "euid": os.geteuid(),
+        "cookie_secret_set": "cookie_secret" in serverapp.config.get("ServerApp", {}),
     }
