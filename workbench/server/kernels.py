@@ -29,6 +29,9 @@ LAUNCHER = (
 
 
 def _is_this_python(executable: str) -> bool:
+    # jupyter_client runs a spec's "python", "python3" or "python3.X" with sys.executable.
+    if executable in {"python", f"python{sys.version_info[0]}", "python{}.{}".format(*sys.version_info[:2])}:
+        return True
     found = shutil.which(executable) if not os.path.isabs(executable) else executable
     return bool(found) and os.path.realpath(found) == os.path.realpath(sys.executable)
 
