@@ -307,32 +307,36 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
     })
 
 
-def check_import_path(sys_path: list[str], cwd: str, root_dir: str, pythonpath: str = "") -> None:
-    """No folder a notebook can write may be on the server's import path.
+def check_import_path(sys_path: list[str], cwd: str, safe_path: bool, pythonpath: str = "") -> None:
+    """The server was not started with the current folder on its import path.
 
-    Refused: '' and relative entries (they mean the current folder), the notebook folder
-    (root_dir), and the current folder unless PYTHONPATH names it. A module planted there
-    (jupyterlab.py, notebook_shim/, ...) would run inside the server.
+    ``python -m jupyterlab`` (or ``-c``) without ``-P`` puts the current folder first on
+    sys.path, and the current folder is usually the notebook folder: a module planted there
+    (jupyterlab.py, notebook_shim/, ...) runs inside the server. Empty or relative PYTHONPATH
+    entries mean the current folder (or one below it) too. Folders PYTHONPATH names by
+    absolute path are the user's explicit choice and are left alone.
     """
     def real(path: str) -> str:
-        return os.path.realpath(path) if path else ""
+        return os.path.realpath(path)
 
-    named = {real(p) for p in pythonpath.split(os.pathsep) if p and os.path.isabs(p)}
-    for entry in sys_path:
-        if not entry or not os.path.isabs(entry):
-            why = f"{entry!r} (the current folder)"
-        elif root_dir and real(entry) == real(root_dir):
-            why = f"{entry} (the notebook folder)"
-        elif real(entry) == real(cwd) and real(entry) not in named:
-            why = f"{entry} (the current folder)"
-        else:
-            continue
-        raise LabConfigError(
-            f"the server's Python import path holds {why}: a module planted there (e.g. a "
-            "jupyterlab.py next to the notebooks) would run inside the server.",
-            "start the server with `workbench lab` (or `python -P -m jupyterlab` on Python 3.11+), "
-            "and remove relative or empty entries and the notebook folder from PYTHONPATH.",
-        )
+    entries = pythonpath.split(os.pathsep) if pythonpath else []
+    named = {real(p) for p in entries if p and os.path.isabs(p)}
+    relative = [p for p in entries if not p or not os.path.isabs(p)]
+    first = sys_path[0] if sys_path else None
+    if first is not None and not safe_path and (first == "" or real(first) == real(cwd)):
+        where = f"{first!r}, put there by `python -m` or `-c` without -P"
+    elif relative:
+        where = f"PYTHONPATH entries {', '.join(map(repr, relative))}"
+    elif any(not entry or (real(entry) == real(cwd) and real(entry) not in named) for entry in sys_path):
+        where = "an empty entry"
+    else:
+        return
+    raise LabConfigError(
+        f"the server's Python import path holds the current folder {cwd} ({where}): a module "
+        "planted there (e.g. a jupyterlab.py next to the notebooks) would run inside the server.",
+        "start the server with `workbench lab` (or `python -P -m jupyterlab`, Python 3.11+), and "
+        "remove empty or relative entries from PYTHONPATH.",
+    )
 
 
 def scrub_server_environment() -> None:

@@ -27,9 +27,10 @@ from workbench.server import floor
 
 
 def check_startup(serverapp) -> None:
-    check_unpatched(serverapp)
+    # The most specific first: a config file or the import path names the culprit.
     check_config_files(serverapp)
-    floor.check_import_path(sys.path, os.getcwd(), serverapp.root_dir, os.environ.get("PYTHONPATH", ""))
+    floor.check_import_path(sys.path, os.getcwd(), bool(sys.flags.safe_path), os.environ.get("PYTHONPATH", ""))
+    check_unpatched(serverapp)
 
 
 # --- config files are Python: only the workbench's own may run ---------------------------------
@@ -40,15 +41,22 @@ def _workbench_config_digest() -> str:
     return hashlib.sha256(bundled.read_bytes()).hexdigest()
 
 
-def _loaded_config_files(serverapp) -> list[str]:
-    apps = [serverapp]
-    manager = getattr(serverapp, "extension_manager", None)
-    if manager is not None:
-        apps += list(getattr(manager, "extension_apps", {}).values())
-    files: list[str] = []
-    for app in apps:
-        for item in (app if isinstance(app, set | list | tuple) else [app]):
-            files += list(getattr(item, "loaded_config_files", []) or [])
+def python_config_files(serverapp) -> list[str]:
+    """The Python config files this server ran: ``jupyter_*config.py`` in its config folders.
+
+    (Found on disk rather than from traitlets' ``loaded_config_files``, which jupyter_server's
+    apps leave empty.) Every jupyter_<app>_config.py there is run by the app of that name,
+    jupyter_config.py by all of them; the ``--config`` file too.
+    """
+    files = []
+    for folder in serverapp.config_file_paths:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        files += [os.path.join(folder, n) for n in names if n.startswith("jupyter_") and n.endswith("config.py")]
+    if serverapp.config_file:
+        files.append(serverapp.config_file)
     return list(dict.fromkeys(files))
 
 
@@ -57,15 +65,15 @@ def check_config_files(serverapp) -> None:
 
     A ``jupyter_config.py`` or ``jupyter_lab_config.py`` is code: it runs inside the server and
     can patch anything. `workbench lab` and the image give the server a config folder of its
-    own, so none is found there; this catches the rest (JUPYTER_CONFIG_PATH, ~/.jupyter with
-    `python -m jupyterlab --config=...`). JSON config files only set traits, which the floor
+    own, so none is found there; this catches the rest (JUPYTER_CONFIG_PATH, ~/.jupyter when
+    the server is started some other way). The code has already run when this check does:
+    it may have patched what checks it (see :func:`check_unpatched`), so the refusal is
+    a safety net; the config folder is the protection. JSON config files only set traits, which the floor
     judges. A copy of the workbench configuration (/etc/jupyter's in the image) is accepted
     by its content.
     """
     ours = _workbench_config_digest()
-    for name in _loaded_config_files(serverapp):
-        if not name.endswith(".py"):
-            continue
+    for name in python_config_files(serverapp):
         try:
             digest = hashlib.sha256(Path(name).read_bytes()).hexdigest()
         except OSError:
