@@ -6,6 +6,7 @@ refusals, each in well under a second (the entrypoint ones run bash and Python).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -193,3 +194,115 @@ def test_module_refuses_to_run_without_a_hub(tmp_path):
     done = subprocess.run([sys.executable, "-m", "workbench.server.hub_singleuser"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "workbench lab" in done.stderr
+
+
+# --- a real single-user server against a stand-in hub API ------------------------------------
+# jupyterhub-singleuser asks the hub who a token belongs to (GET {api}/user) and reports
+# activity; this stand-in answers those for one user and one token, so the origin rule is
+# tested on the real server without a hub, a proxy or a login. (tests/test_hub.py runs a hub.)
+
+USER_TOKEN = "5d1c0f4e9a8b7c6d5e4f3a2b1c0d9e8f"  # what the hub would have issued to alice
+SCOPES = ["access:servers!server=alice/", "access:servers!user=alice"]
+
+
+def _stand_in_hub(port: int):
+    """A tornado app on 127.0.0.1:port in a thread of its own; returns a function that stops it."""
+    import asyncio
+    import json
+    import threading
+
+    import jupyterhub
+    from tornado import web
+
+    class Api(web.RequestHandler):
+        def prepare(self):
+            self.set_header("X-JupyterHub-Version", jupyterhub.__version__)
+
+        def get(self, path):
+            if path.rstrip("/") == "user":
+                if self.request.headers.get("Authorization") != f"token {USER_TOKEN}":
+                    raise web.HTTPError(403)
+                self.write(json.dumps({"kind": "user", "name": "alice", "admin": False, "groups": [],
+                                       "scopes": SCOPES, "session_id": ""}))
+            else:
+                self.write("{}")
+
+        def post(self, path):  # activity reports
+            self.write("{}")
+
+    started = threading.Event()
+    state = {}
+
+    def serve():
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        server = web.Application([(r"/hub/api/?(.*)", Api)]).listen(port, "127.0.0.1")
+        state.update(loop=loop, server=server)
+        started.set()
+        loop.run_forever()
+
+    threading.Thread(target=serve, daemon=True).start()
+    started.wait(10)
+
+    def stop():
+        state["loop"].call_soon_threadsafe(state["server"].stop)
+        state["loop"].call_soon_threadsafe(state["loop"].stop)
+
+    return stop
+
+
+@pytest.fixture(scope="module")
+def hub_server(tmp_path_factory):
+    from lab_helpers import LabServer, free_port, isolated_env, plant_modules
+
+    tmp = tmp_path_factory.mktemp("hub")
+    home = tmp / "alice"
+    home.mkdir()
+    markers = plant_modules(home)  # the notebook folder is also the server's current folder
+    hub_port, port = free_port(), free_port()
+    stop_hub = _stand_in_hub(hub_port)
+    env = isolated_env(tmp, **{
+        **HUB_ENV, **PASS_PYTHONPATH,
+        "JUPYTERHUB_API_TOKEN": "0123456789abcdef0123456789abcdef",
+        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",
+        "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}/user/alice/",
+        "JUPYTERHUB_OAUTH_ACCESS_SCOPES": json.dumps(SCOPES), "JUPYTERHUB_OAUTH_SCOPES": json.dumps(SCOPES),
+        "JUPYTERHUB_ACTIVITY_URL": f"http://127.0.0.1:{hub_port}/hub/api/users/alice/activity",
+        "WORKBENCH_SERVER_CONFIG": str(SERVER_CONFIG), "WORKBENCH_NOTEBOOK_DIR": str(home),
+        "WORKBENCH_ALLOW_ROOT": "1" if os.geteuid() == 0 else None,
+    })
+    env["WORKBENCH_PYTHON"] = sys.executable
+    # Through the image's entry point, as a spawner starts it (its hub branch).
+    server = LabServer(["bash", str(ENTRYPOINT)], env, port, USER_TOKEN, tmp / "server.log", cwd=home)
+    server.url = f"http://127.0.0.1:{port}/user/alice"
+    try:
+        server.wait_ready()
+        server.markers = markers
+        yield server
+    finally:
+        server.stop()
+        stop_hub()
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://127.0.0.1:1"])
+def test_hub_mode_refuses_the_token_from_another_site(hub_server, origin):
+    from lab_helpers import http
+
+    headers = {"Authorization": f"token {USER_TOKEN}", "Origin": origin}
+    for method in ("GET", "POST"):
+        response = http().request(method, f"{hub_server.url}/api/contents", headers=headers, json={"type": "file"})
+        assert response.status_code == 403, (method, response.status_code, response.text[:300])
+        assert response.headers.get("Access-Control-Allow-Origin") is None
+
+
+def test_hub_mode_serves_the_token_from_its_own_origin(hub_server):
+    from lab_helpers import http
+
+    own = f"http://127.0.0.1:{hub_server.port}"
+    auth = {"Authorization": f"token {USER_TOKEN}"}
+    assert http().get(f"{hub_server.url}/api/contents", headers=auth).status_code == 200
+    assert http().get(f"{hub_server.url}/api/contents", headers={**auth, "Origin": own}).status_code == 200
+    assert http().get(f"{hub_server.url}/api/contents",
+                      headers={"Authorization": "token " + "f" * 32}).status_code in (302, 403)
+    assert "JupyterHub single-user mode" in hub_server.log()
+    assert [m.name for m in hub_server.markers if m.exists()] == [], "planted code ran in the hub server"
