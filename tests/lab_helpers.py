@@ -116,9 +116,9 @@ class LabServer:
 
 
 def start_lab(tmp: Path, notebook_dir: Path, extra_args: list[str] = (), *, cwd: Path | None = None,
-              token: str | None = None, **env_overrides) -> LabServer:
+              token: str | None = None, port: int | None = None, **env_overrides) -> LabServer:
     """`workbench lab` on a free loopback port with a known token; waits until it answers."""
-    port = free_port()
+    port = port or free_port()
     token = token or new_token()
     env = isolated_env(tmp, JUPYTER_TOKEN=token, **env_overrides)
     argv = [WORKBENCH, "lab", "--port", str(port), "--notebook-dir", str(notebook_dir)]
