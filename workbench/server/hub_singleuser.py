@@ -15,6 +15,11 @@ A half-configured mix (some hub variables but not the others, or hub variables p
 standalone token) is refused with what is missing and how to fix it: a server started
 that way either fails later with an obscure OAuth error or, worse, runs with the wrong guard.
 
+As standalone: extra options pass the same allow-list (``server/lab.py``), the server
+starts with ``python -P`` and a config folder of its own, a missing configuration file is
+refused, and a request from another web site is refused even with a valid hub token
+(the hub's identity provider gets the workbench's origin rule, ``server/identity.py``).
+
 Three entry points use this module:
 
 * ``python -m workbench.server.hub_singleuser [server options]`` (the entrypoint's hub branch):

@@ -5,6 +5,11 @@ The configuration ships inside the package, ``workbench/server/jupyter_config/ju
 builds the command line and replaces itself with the server, so Ctrl-C and signals
 go straight to Jupyter. The token is printed by the server once it is running.
 
+The server it starts imports nothing from the current folder (``python -P``), runs no
+Jupyter config file but the workbench's (a config folder of its own, emptied at every
+start) and gets ``JUPYTER_TOKEN`` through a pipe instead of its environment
+(docs/security.md says why each matters).
+
 Started by hand as root (common on cloud machines and CI), it warns and goes on: the
 person who typed it already is root there, and the token still guards access. The
 image, by contrast, runs the server as its own user and refuses root.
