@@ -151,6 +151,9 @@ CASES: dict[str, Case] = {
                                         "floor.check_settings = lambda settings: None\n"}),
     "user_config_tornado_xsrf_cookies_off": Case("jupyter", [], "XSRF protection is disabled", files={
         "<config>/jupyter_config.json": json.dumps({"ServerApp": {"tornado_settings": {"xsrf_cookies": False}}})}),
+    "jupyter_kernel_spec_manager": Case(
+        "jupyter", ["--ServerApp.kernel_spec_manager_class=jupyter_client.kernelspec.KernelSpecManager"],
+        "the kernel spec manager is jupyter_client.kernelspec.KernelSpecManager"),
     "fixed_cookie_secret": Case("jupyter", ["--ServerApp.cookie_secret=c2VjcmV0c2VjcmV0"], "cookie_secret"),
     # Code that ran before the guard (here a sitecustomize.py on PYTHONPATH) and patched its
     # checks: the guard finds its functions are not the installed ones.

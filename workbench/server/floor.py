@@ -24,6 +24,8 @@ from workbench.server.credentials import MIN_TOKEN_LENGTH, PASSWORD_HASH_ENV, ch
 from workbench.server.origins import check_allow_origin
 
 IDENTITY_PROVIDER = "workbench.server.identity.WorkbenchIdentityProvider"
+# Starts Python kernels with -P (server/kernels.py): no planted ipykernel_launcher.py runs as the kernel.
+KERNEL_SPEC_MANAGER = "workbench.server.kernels.SafePathKernelSpecManager"
 # Removed from the server's environment once read, so that kernels and terminals (which
 # copy it) never see them: `!env` in a notebook would save them into the .ipynb.
 SCRUBBED_ENV = ("JUPYTER_TOKEN", "WORKBENCH_PASSWORD_HASH", "WORKBENCH_TOKEN_FD", "JUPYTER_TOKEN_FILE")
@@ -126,7 +128,7 @@ def check_settings(settings: Mapping[str, object]) -> None:
     allow_origin_pat, allow_remote_access, nbconvert_csp_sandbox, euid,
     allow_unauthenticated_access, allow_password_change, tornado_settings, headers,
     local_hostnames, identity_provider_ok, identity_provider, auth_handlers, runtime_dir,
-    insecure_writes, gateway_url, websocket_url, cookie_secret_set.
+    insecure_writes, gateway_url, websocket_url, cookie_secret_set, kernel_spec_manager.
     """
     token = str(settings.get("token") or "")
     hashed_password = str(settings.get("hashed_password") or "")
@@ -236,6 +238,14 @@ def check_settings(settings: Mapping[str, object]) -> None:
             f"kernels would run on a remote gateway ({settings['gateway_url']}), which receives "
             "every cell and the gateway's credentials.",
             "unset JUPYTER_GATEWAY_URL / GatewayClient.url; the workbench runs its kernels locally.",
+        )
+    kernel_specs = settings.get("kernel_spec_manager")
+    if kernel_specs is not None and kernel_specs != KERNEL_SPEC_MANAGER:
+        raise LabConfigError(
+            f"the kernel spec manager is {kernel_specs}, not the workbench's ({KERNEL_SPEC_MANAGER}): "
+            "kernels would start with the notebook's folder first on sys.path, so an "
+            "ipykernel_launcher.py planted next to a notebook would run as its kernel.",
+            "remove ServerApp.kernel_spec_manager_class from the command line and the Jupyter config files.",
         )
     if settings.get("cookie_secret_set"):
         raise LabConfigError(
@@ -401,4 +411,6 @@ def effective_settings(serverapp) -> dict[str, object]:
         "runtime_dir": serverapp.runtime_dir,
         "euid": os.geteuid(),
         "cookie_secret_set": "cookie_secret" in serverapp.config.get("ServerApp", {}),
+        "kernel_spec_manager": f"{type(serverapp.kernel_spec_manager).__module__}."
+                               f"{type(serverapp.kernel_spec_manager).__qualname__}",
     }
