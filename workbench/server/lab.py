@@ -41,7 +41,8 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # notebook folder: a planted jupyterlab.py (or notebook_shim/, workbench/...) would run inside the
 # server. -P (Python 3.11+) leaves it off; on 3.10 the same from a one-line launcher that drops
 # the '' that -c adds before importing anything.
-_SAFE_MODULE_310 = "import runpy, sys; sys.path.remove(''); runpy.run_module(sys.argv[1], run_name='__main__', alter_sys=True)"
+_SAFE_MODULE_310 = ("import runpy, sys; sys.path.remove(''); "
+                    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
 
 
 def safe_module_argv(python: str, module: str) -> list[str]:
