@@ -203,7 +203,6 @@ pathlib.Path("/workspace/PLANTED-{name}").write_text("imported by the server")
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: `python -m jupyterlab` runs in /workspace, whose modules shadow the real ones")
 def test_module_planted_in_the_workspace_is_not_imported(fresh_labs):
     lab = fresh_labs.start()
     for name in ("jupyterlab", "jupyter_server", "workbench"):
