@@ -30,6 +30,8 @@ _EXPORTS = {
     "fit_distributed": "workbench.frontend",
     "result_from_disk": "workbench.engine.results",
     "watch": "workbench.frontend",
+    "runs": "workbench.frontend",
+    "RunsTable": "workbench.engine.runs",
     "record": "workbench.notebook_regression.record",
     "regress": "workbench.notebook_regression.run",
     "model_picker": "workbench.widgets.pickers",

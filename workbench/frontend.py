@@ -92,3 +92,18 @@ def watch(output_dir: str | os.PathLike, mode: str = "auto", *, follow: bool = T
 
     view = make_view(mode, save_chart=False, stream=stream)
     return watcher.watch(output_dir, view, follow=follow, poll_s=poll_s, wait_for_log_s=wait_for_log_s)
+
+
+def runs(root: str | os.PathLike = "outputs", mode: str = "auto"):
+    """Every run under ``root`` side by side (``workbench.engine.runs``): in a notebook someone
+    looks at, a widget (filter, sort, select runs -> overlaid curves, live for running ones);
+    elsewhere the RunsTable (printed as text, shown as HTML by papermill). Both have
+    ``.to_frame()``, the pandas DataFrame."""
+    from workbench.engine.runs import runs as read_runs
+
+    table = read_runs(root)
+    if progress.choose_mode(mode) == "notebook":
+        from workbench.widgets.runs import RunsBrowser
+
+        return RunsBrowser(table)
+    return table

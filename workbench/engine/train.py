@@ -137,7 +137,7 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
                               "ReadWriteMany volume), the same path on each.")
     messages += _resume(run, resume_from) if resume_from is not None else []
     steps_per_epoch = math.ceil(run.batches_per_epoch / config.gradient_accumulation_steps)
-    run.log.write("start", total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
+    run.log.write("start", model=run.record.get("model"), total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
                   config=asdict(config), world_size=acc.num_processes, precision=run.precision,
                   device=str(acc.device), resumed_from_step=run.state.step,
                   label_names=run.task.identity().get("labels", []))
