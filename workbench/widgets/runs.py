@@ -35,6 +35,7 @@ class RunsBrowser(widgets.VBox):
         self.live_every_s = live_every_s
         self._live: threading.Thread | None = None
         self._stop = threading.Event()
+        self._drawing = threading.RLock()  # the live thread and the kernel's thread share the figure
         self._figure = None
         self.redraws = 0
         columns = list(table.rows()[0]) if len(table) else list(_SHOWN)
@@ -102,24 +103,25 @@ class RunsBrowser(widgets.VBox):
 
     def redraw(self) -> None:
         """Draw the selected runs' curves now, from their logs as they are."""
-        histories = {name: self.table[name].history() for name in self.select.value}
         from matplotlib.figure import Figure
 
-        self._figure = self._figure or Figure(figsize=(10, 3.6), layout="constrained")
-        self.chart.value = render_runs_png(histories, self._figure)
-        self.redraws += 1
+        with self._drawing:
+            histories = {name: self.table[name].history() for name in self.select.value}
+            self._figure = self._figure or Figure(figsize=(10, 3.6), layout="constrained")
+            self.chart.value = render_runs_png(histories, self._figure)
+            self.redraws += 1
 
     def refresh_running(self) -> bool:
         """Re-read the selected running runs, redraw; False when none of them is running any more."""
-        running = self._running_selected()
-        if not running:
-            return False
-        for run in running:
-            fresh = read_run(run.path, run.name)
-            self.table.runs[self.table.runs.index(run)] = fresh
-        self.update_rows()
-        self.redraw()
-        return True
+        with self._drawing:
+            running = self._running_selected()
+            if not running:
+                return False
+            for run in running:
+                self.table.runs[self.table.runs.index(run)] = read_run(run.path, run.name)
+            self.update_rows()
+            self.redraw()
+            return True
 
     def _running_selected(self):
         return [self.table[n] for n in self.select.value if self.table[n].status == "running"]
