@@ -215,7 +215,8 @@ def _decode(line: bytes) -> dict | None:
 def _best(run: Run, config: dict, evals: list[dict]) -> None:
     chosen = config.get("best_metric") or ("loss" if config.get("task") == "causal_lm" else "accuracy")
     name = f"eval_{chosen}"
-    scored = [(e[name], e.get("step")) for e in evals if is_number(e.get(name))]
+    # Step 0 (eval_before_training) is the untrained start, never the best (as in fit).
+    scored = [(e[name], e.get("step")) for e in evals if is_number(e.get(name)) and e.get("step")]
     if not scored:
         return
     lower_is_better = chosen == "loss"
