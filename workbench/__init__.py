@@ -32,6 +32,7 @@ _EXPORTS = {
     "watch": "workbench.frontend",
     "runs": "workbench.frontend",
     "RunsTable": "workbench.engine.runs",
+    "sweep": "workbench.frontend",
     "record": "workbench.notebook_regression.record",
     "regress": "workbench.notebook_regression.run",
     "model_picker": "workbench.widgets.pickers",

@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "train": ("workbench.engine.train_cli", "fine-tune from a parameter file (works under torchrun)"),
     "watch": ("workbench.engine.watcher", "follow a run's progress from its event log"),
     "runs": ("workbench.engine.runs", "a table of every run under a folder (status, metrics, differing settings)"),
+    "sweep": ("workbench.sweep.cli", "run a notebook once per combination of settings (here, or as a Slurm array)"),
     "regress": ("workbench.notebook_regression.cli", "run the notebooks headless and compare metrics with baselines"),
 }
 

@@ -107,3 +107,26 @@ def runs(root: str | os.PathLike = "outputs", mode: str = "auto"):
 
         return RunsBrowser(table)
     return table
+
+
+def sweep(notebook: str | os.PathLike, grid, *, mode: str = "auto", **kwargs):
+    """Run ``notebook`` once per combination of ``grid`` (``workbench.sweep.runner.sweep``); in a
+    notebook someone looks at, the sweep's runs table is shown and re-read as combinations start
+    and end. Returns the SweepResult (``.failed``, ``.runs()``)."""
+    from workbench.sweep import runner
+
+    if progress.choose_mode(mode) != "notebook":
+        return runner.sweep(notebook, grid, **kwargs)
+    from IPython.display import display
+
+    from workbench.widgets.runs import RunsBrowser
+
+    plan = runner.make_plan(notebook, grid, **{k: v for k, v in kwargs.items()
+                                               if k not in ("devices", "on_update", "log")})
+    plan.save()
+    from workbench.engine.runs import runs as read_runs
+
+    browser = RunsBrowser(read_runs(plan.root_path))
+    display(browser)
+    return runner.run_plan(plan, devices=kwargs.get("devices", "auto"), on_update=lambda _: browser.reload(),
+                           log=kwargs.get("log", print))
