@@ -1,5 +1,5 @@
 # A class on one big GPU server: plain JupyterHub with DockerSpawner, one workbench container
-# per student. README_hub.md ("Run it for a class", one server) has the set-up commands:
+# per student. docs/classroom.md ("On one big GPU server") has the set-up commands:
 #
 #   pip install jupyterhub dockerspawner oauthenticator jupyterhub-idle-culler
 #   npm install -g configurable-http-proxy
@@ -15,7 +15,7 @@
 #   WORKBENCH_HUB_IMAGE          the image (default workbench:latest; docker/build.sh builds it)
 #   WORKBENCH_HUB_GPUS           GPUs to hand out, comma-separated: indexes ("0,1") or MIG
 #                                UUIDs ("MIG-..." from `nvidia-smi -L`); empty: CPU only
-#   WORKBENCH_HUB_USERS_PER_GPU  students sharing one GPU (default 1; see "Size it" in README_hub.md)
+#   WORKBENCH_HUB_USERS_PER_GPU  students sharing one GPU (default 1; see "Size it" in docs/classroom.md)
 #   WORKBENCH_HUB_MEM_LIMIT      memory per student (default 16G; the kernel is killed above it)
 #   WORKBENCH_HUB_CPU_LIMIT      CPUs per student (default 4)
 #   WORKBENCH_HUB_SHM_SIZE       /dev/shm per student (default 2g: DataLoader workers)
