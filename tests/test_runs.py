@@ -155,11 +155,16 @@ def test_missing_folder_says_where_it_looked(tmp_path):
         runs.runs(tmp_path / "nowhere")
 
 
-def test_frontend_returns_the_table_outside_a_notebook(outputs):
+def test_frontend_returns_the_table_outside_a_notebook_and_the_widget_in_one(outputs):
+    from workbench.widgets.runs import RunsBrowser
+
     root, _ = outputs
     table = frontend.runs(root, mode="console")
     assert isinstance(table, runs.RunsTable)
     assert "<table" in table._repr_html_()
+    browser = frontend.runs(root, mode="notebook")
+    assert isinstance(browser, RunsBrowser) and len(browser.to_frame()) == len(table)
+    browser.close()
 
 
 # -- the notebook widget ------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""What people call in notebooks: ``fit``, ``fit_distributed`` and ``watch`` with the
-view chosen for where the call runs.
+"""What people call in notebooks: ``fit``, ``fit_distributed``, ``watch``, ``runs`` and ``sweep``
+with the view chosen for where the call runs.
 
 The engine (``workbench.engine.train``) and the log follower (``workbench.engine.watcher``) are
 headless and take any listener; this module picks one: in a kernel someone looks at,
