@@ -150,6 +150,15 @@ def test_cli_prints_the_table_and_csv(outputs, capsys):
     assert main(["runs", str(root / "nowhere")]) == 2
 
 
+def test_a_log_in_another_json_layout_is_read_too(tmp_path):
+    events = [{"time": 1.0, "kind": "start", "total_steps": 2, "config": {"task": "classification"}},
+              {"time": 2.0, "kind": "train", "step": 2, "loss": 0.5},
+              {"time": 3.0, "kind": "end", "status": "completed", "step": 2, "metrics": {"eval_loss": 0.4}}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
+    run = runs.read_run(tmp_path)
+    assert (run.status, run.step, run.metrics, run.duration_s) == ("completed", 2, {"eval_loss": 0.4}, 2.0)
+
+
 def test_missing_folder_says_where_it_looked(tmp_path):
     with pytest.raises(WorkbenchError, match="no folder"):
         runs.runs(tmp_path / "nowhere")

@@ -203,3 +203,20 @@ def test_a_task_index_outside_the_plan_is_refused(tmp_path):
     plan = runner.make_plan(NOTEBOOK, {"seed": [1]}, outputs=tmp_path, name="x")
     plan.save()
     assert slurm.main([str(plan.root_path / "sweep.json"), "3"]) == 2
+
+
+def test_from_a_notebook_the_sweeps_table_is_shown_and_refreshed(tmp_path, monkeypatch):
+    import IPython.display
+
+    from workbench import frontend
+    from workbench.widgets.runs import RunsBrowser
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    result = frontend.sweep(NOTEBOOK, {"seed": [1]}, mode="notebook", name="nb", outputs=tmp_path, devices="cpu",
+                            parameters={"steps": 2}, log=lambda line: None)
+    assert [o.status for o in result.outcomes] == ["completed"]
+    (browser,) = shown
+    assert isinstance(browser, RunsBrowser)
+    assert [r.status for r in browser.table] == ["completed"]  # re-read when the run ended
+    browser.close()

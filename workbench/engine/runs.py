@@ -162,6 +162,10 @@ def _scan(data: bytes) -> tuple[list[dict], list[int], int]:
     ``bytes.find`` (C speed; a ``"kind": "x"`` inside a string value is escaped, so every
     hit is a real key), plus the last train line before each start and at the end (where
     each part stopped, its time, its peak memory)."""
+    if data and b'"kind": "' not in data:  # not the engine's layout (compact separators...): parse it all
+        events = [e for e in map(_decode, data.split(b"\n")) if e is not None]
+        unreadable = sum(1 for line in data.split(b"\n") if line.strip()) - len(events)
+        return events, [i for i, e in enumerate(events) if e["kind"] == "start"], unreadable
     found: dict[int, bytes] = {}
     for kind in _READ_KINDS:
         needle = b'"kind": "' + kind + b'"'
