@@ -38,6 +38,7 @@ class RunsBrowser(widgets.VBox):
         self._drawing = threading.RLock()  # the live thread and the kernel's thread share the figure
         self._figure = None
         self.redraws = 0
+        self._updating = False
         columns = list(table.rows()[0]) if len(table) else list(_SHOWN)
         self.filter = widgets.Text(placeholder="filter: words that must all appear in a row "
                                    "(e.g. completed lora)", layout=widgets.Layout(width="28em"))
@@ -82,9 +83,16 @@ class RunsBrowser(widgets.VBox):
     def update_rows(self) -> None:
         rows = self.visible_rows()
         self.grid.value = _html_table(rows, self.table.differing_settings())
-        chosen = tuple(n for n in self.select.value if any(r["name"] == n for r in rows))
-        self.select.options = [(_label(r), r["name"]) for r in rows]
-        self.select.value = chosen
+        before = tuple(self.select.value)
+        chosen = tuple(n for n in before if any(r["name"] == n for r in rows))
+        self._updating = True  # new options reset the selection: one redraw at the end, not three
+        try:
+            self.select.options = [(_label(r), r["name"]) for r in rows]
+            self.select.value = chosen
+        finally:
+            self._updating = False
+        if chosen != before:
+            self.on_select()
 
     def reload(self) -> None:
         """Read the folder again (new runs, finished ones)."""
@@ -95,6 +103,8 @@ class RunsBrowser(widgets.VBox):
     # -- the curves -----------------------------------------------------------------
 
     def on_select(self) -> None:
+        if self._updating:
+            return
         self.redraw()
         if self._running_selected() and (self._live is None or not self._live.is_alive()):
             self._stop.clear()
