@@ -14,6 +14,7 @@ the error) and the sweep goes on; the result lists the failures.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import subprocess
@@ -281,8 +282,6 @@ def run_combination(plan: Plan, combination: grids.Combination, device: str | No
 
 
 def _error(returncode: int, result_path: Path) -> str | None:
-    import json
-
     try:
         result = json.loads(result_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -29,6 +29,9 @@ def write_script(plan: Plan, *, time_limit: str = "04:00:00", gpus_per_task: int
     count = len(plan.combinations)
     array = f"0-{count - 1}" + (f"%{max_parallel}" if max_parallel else "")
     root = plan.root_path
+    if any(ord(c) < 32 for c in str(root)):
+        raise WorkbenchError(f"The sweep root {root!r} cannot be written into a shell script.",
+                             "use a plain folder name for --outputs and --name.")
     lines = [
         "#!/usr/bin/env bash",
         f"# Sweep {plan.name}: {count} combinations of {Path(plan.notebook).name}, one per array task.",
@@ -59,9 +62,6 @@ def write_script(plan: Plan, *, time_limit: str = "04:00:00", gpus_per_task: int
         'srun "$python" -m workbench.sweep.slurm "$plan" "$index"',
         "",
     ]
-    if any(ord(c) < 32 for c in plan.name) or "\n" in str(root):
-        raise WorkbenchError(f"The sweep root {root} cannot be written into a shell script.",
-                             "use a plain folder name for --outputs and --name.")
     path = root / SCRIPT
     path.write_text("\n".join(lines), encoding="utf-8")
     path.chmod(0o755)
