@@ -8,8 +8,11 @@
 #   any other command                run it instead (e.g. `workbench doctor`, `bash`)
 #
 # WORKBENCH_DRY_RUN=1 prints the command instead of running it (the tests use it).
-# The security checks are not here but in the server configuration, which refuses to
-# start unsafely whatever started it.
+# The security checks are in the server configuration, which refuses to start unsafely
+# whatever started it; this script only fails closed before that: a missing configuration,
+# options outside the allow-list (hub mode too), and it starts Python with -P (the current
+# folder, /workspace, is not on sys.path), a config folder of its own, and JUPYTER_TOKEN in
+# a pipe rather than in the server's environment.
 set -euo pipefail
 
 : "${WORKBENCH_NOTEBOOK_DIR:=/workspace}"
@@ -19,6 +22,46 @@ set -euo pipefail
 : "${WORKBENCH_NOTEBOOKS_SOURCE:=/opt/workbench/notebooks}"
 
 say() { echo "[workbench-entrypoint] $*" >&2; }
+
+# `python -m` would put the current folder (WORKDIR /workspace, writable by every notebook)
+# first on sys.path: a planted jupyterlab.py or workbench/ there would run instead. -P: never.
+py() { "$WORKBENCH_PYTHON" -P "$@"; }
+
+# No configuration, no guard: refuse rather than start a plain Jupyter server.
+require_server_config() {
+    if [ -z "${WORKBENCH_SERVER_CONFIG:-}" ] || [ ! -f "$WORKBENCH_SERVER_CONFIG" ]; then
+        say "refusing to start: WORKBENCH_SERVER_CONFIG='${WORKBENCH_SERVER_CONFIG:-}' is not a file, and without the workbench configuration no guard would run. Fix: set WORKBENCH_SERVER_CONFIG=/etc/jupyter/jupyter_server_config.py (the image's default) or to the workbench/server/jupyter_config/jupyter_server_config.py of the installed package."
+        exit 2
+    fi
+}
+
+# Jupyter config files are Python: the server gets a config folder of its own, emptied at
+# every start, so that nothing a notebook writes into one runs in the next server
+# (workbench/server/lab.py: isolate_environment, private_config_dir). Lab settings and
+# workspaces keep their own variables.
+isolate_config() {
+    local runtime="${JUPYTER_RUNTIME_DIR:-${JUPYTER_DATA_DIR:-${HOME:-/tmp}/.local/share/jupyter}/runtime}"
+    local user_config="${JUPYTER_CONFIG_DIR:-${HOME:-/tmp}/.jupyter}"
+    export JUPYTERLAB_SETTINGS_DIR="${JUPYTERLAB_SETTINGS_DIR:-$user_config/lab/user-settings}"
+    export JUPYTERLAB_WORKSPACES_DIR="${JUPYTERLAB_WORKSPACES_DIR:-$user_config/lab/workspaces}"
+    unset JUPYTER_CONFIG_PATH
+    export JUPYTER_CONFIG_DIR="$runtime/workbench-config"
+    [ "${WORKBENCH_DRY_RUN:-0}" = 1 ] && return 0
+    mkdir -p "$runtime"
+    rm -rf "$JUPYTER_CONFIG_DIR"
+    mkdir -m 700 "$JUPYTER_CONFIG_DIR"
+    echo workbench > "$JUPYTER_CONFIG_DIR/migrated"
+}
+
+# The token through a pipe (WORKBENCH_TOKEN_FD), not the server's environment: a process's
+# initial environment stays readable in /proc/PID/environ, and kernels read their parent's.
+token_by_pipe() {
+    [ -n "${JUPYTER_TOKEN+set}" ] || return 0
+    [ "${WORKBENCH_DRY_RUN:-0}" = 1 ] && return 0
+    exec 3< <(printf '%s' "$JUPYTER_TOKEN")
+    unset JUPYTER_TOKEN
+    export WORKBENCH_TOKEN_FD=3
+}
 
 # The root filesystem may be read-only: Jupyter, IPython and matplotlib write to
 # these (tmpfs or volume) folders, which must exist before the server starts.
@@ -59,7 +102,7 @@ server_options=()
 check_server_options() {
     local checked
     [ "$#" -gt 0 ] || return 0
-    checked=$("$WORKBENCH_PYTHON" -m workbench.server.lab --check-options -- "$@") || exit 2
+    checked=$(py -m workbench.server.lab --check-options -- "$@") || exit 2
     if [ -n "$checked" ]; then
         mapfile -t server_options <<< "$checked"
     fi
@@ -77,12 +120,14 @@ run() {
 # Spawned by a hub (its spawner sets JUPYTERHUB_API_TOKEN, JUPYTERHUB_SERVICE_URL, ...) with no
 # command, server options, or KubeSpawner's default `jupyterhub-singleuser`: seed the notebooks
 # into the user's workspace and exec the hub-authenticated server. The module refuses a
-# half-configured mix (some hub variables, or hub variables plus a JUPYTER_TOKEN).
+# half-configured mix (some hub variables, or hub variables plus a JUPYTER_TOKEN), and passes
+# the options through the same allow-list as standalone.
 hub_vars="${JUPYTERHUB_API_TOKEN:-}${JUPYTERHUB_API_URL:-}${JUPYTERHUB_CLIENT_ID:-}${JUPYTERHUB_SERVICE_URL:-}${JUPYTERHUB_SERVICE_PREFIX:-}${JUPYTERHUB_USER:-}"
 if [ -n "$hub_vars" ] && { [ "$#" = 0 ] || [ "${1#-}" != "$1" ] || [ "$(basename "$1")" = jupyterhub-singleuser ]; }; then
+    require_server_config
     prepare_dirs
     seed_notebooks
-    run "$WORKBENCH_PYTHON" -m workbench.server.hub_singleuser "$@"
+    run "$WORKBENCH_PYTHON" -P -m workbench.server.hub_singleuser "$@"
     exit 0  # reached only with WORKBENCH_DRY_RUN=1
 fi
 
@@ -91,13 +136,13 @@ if [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then
     run "$@"
 fi
 
+require_server_config
 check_server_options "$@"
 prepare_dirs
 seed_notebooks
-cmd=("$WORKBENCH_PYTHON" -m jupyterlab)
-if [ -n "${WORKBENCH_SERVER_CONFIG:-}" ]; then
-    cmd+=("--config=$WORKBENCH_SERVER_CONFIG")
-fi
+isolate_config
+token_by_pipe
+cmd=("$WORKBENCH_PYTHON" -P -m jupyterlab "--config=$WORKBENCH_SERVER_CONFIG")
 cmd+=("--ServerApp.ip=$WORKBENCH_IP" "--ServerApp.port=$WORKBENCH_PORT"
       "--ServerApp.root_dir=$WORKBENCH_NOTEBOOK_DIR")
 if [ "$(id -u)" = 0 ] && [ "${WORKBENCH_ALLOW_ROOT:-0}" = 1 ]; then

@@ -71,7 +71,8 @@ def http() -> requests.Session:
 class LabServer:
     """A running server: ``url``, ``token``, ``log()``; ``stop()`` ends it (and its kernels)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], port: int, token: str, log_path: Path):
+    def __init__(self, argv: list[str], env: dict[str, str], port: int, token: str, log_path: Path,
+                 cwd: Path | None = None):
         self.port = port
         self.token = token
         self.env = env
@@ -81,7 +82,7 @@ class LabServer:
         self._log_file = open(log_path, "wb")  # noqa: SIM115
         # Own process group, so stop() reaches kernels and terminals too.
         self.process = subprocess.Popen(
-            argv, env=env, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True
+            argv, env=env, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd
         )
 
     def log(self) -> str:
@@ -114,15 +115,39 @@ class LabServer:
         self._log_file.close()
 
 
-def start_lab(tmp: Path, notebook_dir: Path, extra_args: list[str] = (), **env_overrides) -> LabServer:
+def start_lab(tmp: Path, notebook_dir: Path, extra_args: list[str] = (), *, cwd: Path | None = None,
+              token: str | None = None, port: int | None = None, **env_overrides) -> LabServer:
     """`workbench lab` on a free loopback port with a known token; waits until it answers."""
-    port = free_port()
-    token = new_token()
+    port = port or free_port()
+    token = token or new_token()
     env = isolated_env(tmp, JUPYTER_TOKEN=token, **env_overrides)
     argv = [WORKBENCH, "lab", "--port", str(port), "--notebook-dir", str(notebook_dir)]
     if extra_args:
         argv += ["--", *extra_args]
-    return LabServer(argv, env, port, token, tmp / "server.log").wait_ready()
+    return LabServer(argv, env, port, token, tmp / "server.log", cwd=cwd).wait_ready()
+
+
+# Modules a notebook (or another user) could plant in the notebook folder or the current folder:
+# each would run inside the server (or as the kernel) if that folder were on sys.path. Each
+# writes a marker file next to itself when imported; plant_modules() returns the markers.
+PLANTED = {
+    "jupyterlab.py": "replaces JupyterLab itself (python -m jupyterlab)",
+    "jupyterhub/__init__.py": "replaces jupyterhub-singleuser (python -m jupyterhub.singleuser)",
+    "notebook_shim/__init__.py": "a server extension imported after start-up",
+    "workbench/__init__.py": "the workbench's own package (python -m workbench.server...)",
+    "ipykernel_launcher.py": "replaces the kernel (python -m ipykernel_launcher in the notebook's folder)",
+}
+
+
+def plant_modules(folder: Path) -> list[Path]:
+    markers = []
+    for name in PLANTED:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        marker = folder / f"PLANTED-{name.replace('/', '_')}-RAN"
+        path.write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+        markers.append(marker)
+    return markers
 
 
 def lab_argv(port: int, notebook_dir: Path, *extra: str) -> list[str]:
@@ -134,7 +159,7 @@ def lab_argv(port: int, notebook_dir: Path, *extra: str) -> list[str]:
 def jupyter_argv(port: int, *extra: str) -> list[str]:
     """JupyterLab with the workbench configuration but without `workbench lab`'s allow-list:
     what a user with a terminal (or a script) can start, so the guard alone must hold."""
-    argv = [sys.executable, "-m", "jupyterlab", f"--config={SERVER_CONFIG}", "--ServerApp.ip=127.0.0.1",
+    argv = [sys.executable, "-P", "-m", "jupyterlab", f"--config={SERVER_CONFIG}", "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={port}"]
     if os.geteuid() == 0:
         argv.append("--allow-root")

@@ -20,6 +20,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
 DOCKERFILE = (DOCKER / "Dockerfile").read_text()
+# The image's /etc/jupyter/jupyter_server_config.py is this file (the entry point refuses a missing one).
+SERVER_CONFIG = REPO / "workbench" / "server" / "jupyter_config" / "jupyter_server_config.py"
 COMPOSE = yaml.safe_load((DOCKER / "compose.yaml").read_text())
 LAB = COMPOSE["services"]["lab"]
 HADOLINT = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
@@ -259,9 +261,11 @@ def entrypoint(tmp_path: Path, *args: str, uid_root_allowed: bool = False, **env
         # python3 is this environment's, which has the workbench (the allow-list is in it).
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "WORKBENCH_DRY_RUN": "1",
+        # The tree under test when it is not the installed one (a worktree run with PYTHONPATH).
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
         "WORKBENCH_NOTEBOOK_DIR": str(tmp_path / "workspace"),
         "WORKBENCH_NOTEBOOKS_SOURCE": str(tmp_path / "shipped"),
-        "WORKBENCH_SERVER_CONFIG": "/etc/jupyter/jupyter_server_config.py",
+        "WORKBENCH_SERVER_CONFIG": str(SERVER_CONFIG),
         "JUPYTER_RUNTIME_DIR": str(tmp_path / "run" / "jupyter"),
         "IPYTHONDIR": str(tmp_path / "tmp" / "ipython"),
         "MPLCONFIGDIR": str(tmp_path / "tmp" / "matplotlib"),
@@ -286,7 +290,7 @@ def test_entrypoint_builds_the_server_command(workspace):
     done = entrypoint(workspace)
     assert done.returncode == 0, done.stderr
     command = done.stderr.strip().splitlines()[-1]
-    assert "running: python3 -m jupyterlab --config=/etc/jupyter/jupyter_server_config.py" in command
+    assert f"running: python3 -P -m jupyterlab --config={SERVER_CONFIG}" in command
     assert "--ServerApp.ip=0.0.0.0 --ServerApp.port=8888" in command
     assert f"--ServerApp.root_dir={workspace / 'workspace'}" in command
     for sub in ("run/jupyter", "tmp/ipython", "tmp/matplotlib"):
@@ -331,6 +335,18 @@ def test_entrypoint_passes_allowed_options_in_one_form(workspace):
     done = entrypoint(workspace, "--port", "9000", "--ServerApp.base_url=/user/me/", "--debug")
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().endswith("--port=9000 --ServerApp.base_url=/user/me/ --debug")
+
+
+@pytest.mark.parametrize("config", [None, "/nonexistent/jupyter_server_config.py"])
+@pytest.mark.parametrize("hub", [False, True])
+def test_entrypoint_refuses_to_start_without_the_configuration(workspace, config, hub):
+    """No configuration, no guard: the entry point stops (standalone and hub mode)."""
+    from test_hub_singleuser import HUB_ENV
+
+    env = {**(HUB_ENV if hub else {}), "WORKBENCH_DRY_RUN": "0"}
+    done = entrypoint(workspace, WORKBENCH_SERVER_CONFIG=config or "", **env)
+    assert done.returncode == 2, done.stderr
+    assert "refusing to start: WORKBENCH_SERVER_CONFIG" in done.stderr and "Fix:" in done.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the --allow-root branch needs uid 0")

@@ -10,6 +10,7 @@ import argparse
 import os
 import runpy
 import stat
+import sys
 
 import pytest
 from lab_helpers import SERVER_CONFIG
@@ -397,7 +398,8 @@ def test_check_options_entry_for_the_image(capsys):
 def test_build_command_as_user(tmp_path):
     command = lab.build_command(8899, "127.0.0.1", tmp_path, ["--ServerApp.log_level=DEBUG"],
                                 environ={}, euid=1000, python="/py")
-    assert command.argv[:3] == ["/py", "-m", "jupyterlab"]
+    # -P: the current folder (the default notebook folder) is not on the server's sys.path.
+    assert command.argv[:4] == ["/py", "-P", "-m", "jupyterlab"]
     assert f"--config={SERVER_CONFIG}" in command.argv
     assert "--ServerApp.port=8899" in command.argv
     assert f"--ServerApp.root_dir={tmp_path}" in command.argv
@@ -445,3 +447,16 @@ def test_cli_maps_options_and_passes_jupyter_args(capsys, tmp_path):
     printed = capsys.readouterr().err
     assert "--ServerApp.port=9001" in printed
     assert printed.rstrip().endswith("--ServerApp.log_level=DEBUG")
+
+
+@pytest.mark.parametrize("version", [(3, 10, 0), sys.version_info])
+def test_server_module_runs_without_the_current_folder_on_sys_path(tmp_path, monkeypatch, version):
+    """`python -m X` from a folder holding a planted X.py runs the real X (-P, or the 3.10 launcher)."""
+    import subprocess
+
+    (tmp_path / "calendar.py").write_text(f"open({str(tmp_path / 'RAN')!r}, 'w')\n")
+    monkeypatch.setattr(sys, "version_info", version)
+    argv = lab.safe_module_argv(sys.executable, "calendar")
+    done = subprocess.run([*argv, "2024"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "2024" in done.stdout, done.stderr
+    assert not (tmp_path / "RAN").exists()

@@ -47,6 +47,7 @@ class Case:
 
 
 DISABLE_GUARD = "--ServerApp.jpserver_extensions=workbench.server.guard=False"
+PY_REFUSED = "which is not the workbench configuration"
 CSP_ANY = "{'headers': {'Content-Security-Policy': \"frame-ancestors *\"}}"
 CASES: dict[str, Case] = {
     # --- `workbench lab -- ...`: the allow-list -------------------------------------------------
@@ -127,30 +128,41 @@ CASES: dict[str, Case] = {
     "jupyter_no_config_env": Case("jupyter", ["--ServerApp.disable_check_xsrf=True"], "XSRF protection is disabled",
                                   env={"JUPYTER_NO_CONFIG": "1"}),
     # --- config files Jupyter finds on its own ---------------------------------------------------
-    # (Settings the workbench configuration sets itself -- token, XSRF, origins, Host check,
-    # identity provider -- cannot be changed by these files at all: the --config file is
-    # loaded last. So each file disables the guard and sets something the workbench leaves alone.)
-    "user_config_py_disables_guard": Case("jupyter", [], "Content-Security-Policy", files={
+    # `workbench lab` gives the server a config folder of its own (test_lab_probes.py shows these
+    # files are not even read there); a server started directly still finds them, and the guard
+    # must refuse. JSON files only set traits: each disables the guard and sets something unsafe
+    # the workbench configuration leaves alone. Python files are code: refused as such.
+    "user_config_py_disables_guard": Case("jupyter", [], PY_REFUSED, files={
         "<config>/jupyter_config.py": "c.ServerApp.jpserver_extensions = {'workbench.server.guard': False}\n"
                                       f"c.ServerApp.tornado_settings = {CSP_ANY}\n"}),
-    "user_config_json_disables_guard": Case("lab", [], "nbconvert_csp_sandbox", files={
+    "user_config_json_disables_guard": Case("jupyter", [], "nbconvert_csp_sandbox", files={
         "<config>/jupyter_config.json": json.dumps({"ServerApp": {
             "jpserver_extensions": {"workbench.server.guard": False}, "nbconvert_csp_sandbox": False}})}),
-    "server_config_d_disables_guard": Case("lab", [], "Access-Control-Allow-Origin", files={
+    "server_config_d_disables_guard": Case("jupyter", [], "Access-Control-Allow-Origin", files={
         "<config>/jupyter_server_config.d/zz-off.json": json.dumps({"ServerApp": {
             "jpserver_extensions": {"workbench.server.guard": False}}}),
         "<config>/jupyter_config.json": json.dumps({"ServerApp": {
             "tornado_settings": {"headers": {"Access-Control-Allow-Origin": "*"}}}})}),
-    "config_path_login_handler": Case("lab", [], "login/logout handlers", files={
-        "<path>/jupyter_config.py": "c.IdentityProvider.login_handler_class = "
-                                    "'jupyter_server.auth.login.LegacyLoginHandler'\n"}),
-    "config_path_disables_guard_origin": Case("lab", [], "tornado_settings sets 'allow_origin'", files={
-        "<path>/jupyter_config.py": "c.ServerApp.jpserver_extensions = {'workbench.server.guard': False}\n"
-                                    "c.ServerApp.tornado_settings = {'allow_origin': '*'}\n"}),
-    "user_config_tornado_xsrf_cookies_off": Case("lab", [], "XSRF protection is disabled", files={
-        "<config>/jupyter_config.py": "c.ServerApp.tornado_settings = {'xsrf_cookies': False}\n"}),
-    "user_config_tornado_log_function": Case("lab", [], "tornado_settings sets 'log_function'", files={
-        "<config>/jupyter_config.py": "c.ServerApp.tornado_settings = {'log_function': print}\n"}),
+    "config_path_login_handler": Case("jupyter", [], "login/logout handlers", files={
+        "<path>/jupyter_config.json": json.dumps({"IdentityProvider": {
+            "login_handler_class": "jupyter_server.auth.login.LegacyLoginHandler"}})}),
+    "config_path_py_patches_the_guard": Case("jupyter", ["--ServerApp.disable_check_xsrf=True"], PY_REFUSED, files={
+        "<path>/jupyter_lab_config.py": "from workbench.server import floor\n"
+                                        "floor.check_settings = lambda settings: None\n"}),
+    "user_config_tornado_xsrf_cookies_off": Case("jupyter", [], "XSRF protection is disabled", files={
+        "<config>/jupyter_config.json": json.dumps({"ServerApp": {"tornado_settings": {"xsrf_cookies": False}}})}),
+    "jupyter_kernel_spec_manager": Case(
+        "jupyter", ["--ServerApp.kernel_spec_manager_class=jupyter_client.kernelspec.KernelSpecManager"],
+        "the kernel spec manager is jupyter_client.kernelspec.KernelSpecManager"),
+    "fixed_cookie_secret": Case("jupyter", ["--ServerApp.cookie_secret=c2VjcmV0c2VjcmV0"], "cookie_secret"),
+    # Code that ran before the guard (here a sitecustomize.py on PYTHONPATH) and patched its
+    # checks: the guard finds its functions are not the installed ones.
+    "patched_guard_code": Case("jupyter", ["--ServerApp.disable_check_xsrf=True"], "not the installed workbench code",
+                               env={"PYTHONPATH": "<patching sitecustomize>"}),
+    # `python -m jupyterlab` without -P: the current folder is first on the server's import path.
+    "started_without_safe_path": Case("jupyter", [], "import path holds the current folder"),
+    "relative_pythonpath_entry": Case("jupyter", [], "import path holds the current folder",
+                                      env={"PYTHONPATH": "<relative>"}),
     # --- the environment -----------------------------------------------------------------------
     **{f"env_token_{name}": Case("lab", [], "JUPYTER_TOKEN", env={"JUPYTER_TOKEN": token})
        for name, token in WEAK_TOKENS.items()},
@@ -172,13 +184,21 @@ CASES: dict[str, Case] = {
 
 # Started the ordinary way (a process of its own) rather than forked from the helper, to
 # show both paths refuse alike.
-ORDINARY_STARTS = {"env_token_32_times_a", "user_config_json_disables_guard", "jupyter_disable_guard_and_token"}
+ORDINARY_STARTS = {"env_token_32_times_a", "user_config_json_disables_guard", "jupyter_disable_guard_and_token",
+                   "patched_guard_code", "started_without_safe_path", "relative_pythonpath_entry"}  # (sys.path)
 
 
 def _command(name: str, case: Case, tmp: Path) -> tuple[list[str], dict[str, str]]:
     """The full command line and environment of a case (as a user would type it)."""
     env = isolated_env(tmp, JUPYTER_TOKEN=new_token())
     for key, value in case.env.items():
+        if value == "<patching sitecustomize>":
+            (tmp / "site").mkdir()
+            (tmp / "site" / "sitecustomize.py").write_text(
+                "from workbench.server import floor\nfloor.check_settings = lambda settings: None\n")
+            value = os.pathsep.join([str(tmp / "site"), str(REPO)])
+        elif value == "<relative>":
+            value = os.pathsep.join(["", "some/relative/dir", str(REPO)])
         if value in ("<token file 644>", "<token file weak>"):
             path = tmp / "token"
             path.write_text((new_token() if "644" in value else "a" * 40) + "\n")
@@ -200,6 +220,8 @@ def _command(name: str, case: Case, tmp: Path) -> tuple[list[str], dict[str, str
     port = free_port()
     if name == "root_without_explicit_allow":
         return jupyter_argv(port), env  # --allow-root, but no WORKBENCH_ALLOW_ROOT=1
+    if name == "started_without_safe_path":
+        return [arg for arg in jupyter_argv(port) if arg != "-P"], {**env, "WORKBENCH_ALLOW_ROOT": "1"}
     if case.how == "jupyter":
         return jupyter_argv(port, *case.args), {**env, "WORKBENCH_ALLOW_ROOT": "1"}
     return lab_argv(port, tmp, *case.args), env
@@ -231,8 +253,9 @@ def _forked(jobs: dict[str, tuple[list[str], dict[str, str], Path]]) -> dict[str
             command = lab.build_command(int(argv[argv.index("--port") + 1]), "127.0.0.1",
                                         argv[argv.index("--notebook-dir") + 1], [], environ=env)
             argv, env = command.argv, command.env
-        assert argv[1:3] == ["-m", "jupyterlab"], argv
-        payload.append({"argv": argv[3:], "env": env, "log": str(log)})
+            lab.private_config_dir(env["JUPYTER_CONFIG_DIR"])
+        assert argv[1:4] == ["-P", "-m", "jupyterlab"], argv
+        payload.append({"argv": argv[4:], "env": env, "log": str(log)})
     done = subprocess.run([sys.executable, str(FORKSERVER)], input=json.dumps(payload), capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -15,10 +15,10 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 import pytest
-from lab_helpers import LabServer, http, start_lab, websocket
+from lab_helpers import LabServer, http, new_token, plant_modules, start_lab, websocket
 
 WRONG = "W" * 43  # a well-formed token that is not the server's
 SECRET_CONTENT = "TOP-SECRET-CONTENT\n"
@@ -32,6 +32,15 @@ HOSTILE_USER_CONFIG = {
     "IdentityProvider": {"token": "", "cookie_options": {"samesite": "None"}},
     "PasswordIdentityProvider": {"allow_password_change": True},
 }
+
+
+PATCHING_CONFIG = """
+open({marker!r}, "w").write("ran")
+from workbench.server import floor, identity
+floor.check_settings = lambda settings: None
+identity.WorkbenchIdentityProvider.get_user = lambda self, handler: {{"username": "anyone"}}
+c.ServerApp.disable_check_xsrf = True
+"""
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +57,18 @@ def lab(tmp_path_factory):
     # guard is re-enabled). The probes below run against this server.
     (tmp / "jupyter-config").mkdir()
     (tmp / "jupyter-config" / "jupyter_config.json").write_text(json.dumps(HOSTILE_USER_CONFIG))
-    server = start_lab(tmp, root, ["--ServerApp.log_level=DEBUG"])
+    # Config files are Python: these would switch the checks off from inside the server.
+    # `workbench lab` must not run them at all (its server has a config folder of its own).
+    (tmp / "jupyter-config" / "jupyter_config.py").write_text(PATCHING_CONFIG.format(marker=tmp / "CONFIG-PY-RAN"))
+    (tmp / "config-path").mkdir()
+    (tmp / "config-path" / "jupyter_lab_config.py").write_text(PATCHING_CONFIG.format(marker=tmp / "CONFIG-PATH-RAN"))
+    # Modules planted in the notebook folder, which is also the current folder of `workbench lab`.
+    markers = plant_modules(root)
+    (root / "wb_helper_mod.py").write_text("VALUE = 42\n")  # a notebook's own helper module
+    server = start_lab(tmp, root, ["--ServerApp.log_level=DEBUG"], cwd=root,
+                       JUPYTER_CONFIG_PATH=str(tmp / "config-path"))
     server.root = root
+    server.markers = markers + [tmp / "CONFIG-PY-RAN", tmp / "CONFIG-PATH-RAN"]
     yield server
     server.stop()
 
@@ -313,18 +332,33 @@ def test_kernel_environment_has_no_token(lab):
         # No heartbeat: on a loaded machine it misses beats and the client declares the
         # kernel dead; execute_interactive waits for the reply itself.
         client.start_channels(hb=False)
+        # The output channel is a subscription that goes live some time after start_channels:
+        # output published before then is lost for good (under load, the whole print). wait_for_ready
+        # returns once a kernel_info reply came back *and* a message arrived on that channel.
+        client.wait_for_ready(timeout=120)
         seen = []
+        # Its own environment, and its parent's (the server) as `!cat /proc/$PPID/environ`
+        # shows it; and a helper module next to the notebook still imports.
         client.execute_interactive(
-            "import os, json; print('ENV=' + json.dumps(dict(os.environ)))",
+            "import os, json, wb_helper_mod\n"
+            "parent = open(f'/proc/{os.getppid()}/environ', 'rb').read().decode(errors='replace')\n"
+            "print('ENV=' + json.dumps({'own': dict(os.environ), 'parent': parent, 'cwd': os.getcwd(),"
+            " 'helper': wb_helper_mod.VALUE}))",
             output_hook=lambda msg: seen.append(msg["content"].get("text", "")), timeout=60,
         )
         client.stop_channels()
-        env = json.loads("".join(seen).split("ENV=", 1)[1])
+        result = json.loads("".join(seen).split("ENV=", 1)[1])
     finally:
         session.delete(f"{lab.url}/api/sessions/{created.json()['id']}", headers=auth)
+    env, parent = result["own"], result["parent"]
     assert "JPY_SESSION_NAME" in env, "the kernel's environment was read"
-    assert "JUPYTER_TOKEN" not in env
+    assert "JUPYTER_TOKEN" not in env and "JUPYTER_TOKEN_FILE" not in env and "WORKBENCH_TOKEN_FD" not in env
     assert not any(lab.token in value for value in env.values())
+    assert "JUPYTER_TOKEN=" not in parent and lab.token not in parent, "the server was started with the token"
+    assert "PYTHONUNBUFFERED=1" in parent, "the parent's environment was read"
+    # The kernel ran in the notebook's folder, where an ipykernel_launcher.py was planted: not run.
+    assert result["cwd"] == str(lab.root) and result["helper"] == 42
+    assert not (lab.root / "PLANTED-ipykernel_launcher.py-RAN").exists()
 
 
 def test_terminal_environment_has_no_token(lab, kernel_and_terminal):
@@ -344,6 +378,11 @@ def test_login_and_xsrf_cookies_are_samesite_strict(lab):
     for cookie in login + xsrf:
         assert re.search(r";\s*SameSite=Strict", cookie, re.IGNORECASE), cookie
     assert all("HttpOnly" in c for c in login)
+    # The login cookie lasts a day at most (tornado's default is 30 days).
+    from email.utils import parsedate_to_datetime
+
+    expires = parsedate_to_datetime(re.search(r"expires=([^;]+)", login[0], re.IGNORECASE).group(1))
+    assert expires.timestamp() - time.time() < 86400 + 60, login[0]
 
 
 def test_runtime_files_are_private(lab):
@@ -390,3 +429,67 @@ def test_token_is_in_no_log_line(lab):
     assert any("token=[secret]" in line for line in lines)
     for secret in (lab.token, near_miss, lab.token[:24], quote(lab.token, safe="")):
         assert secret not in log, f"a token is in the log: {[ln for ln in log.splitlines() if secret in ln][:3]}"
+
+
+def _percent_all(text: str) -> str:
+    return "".join(f"%{ord(ch):02X}" for ch in text)
+
+
+def test_encoded_token_is_in_no_log_line(lab):
+    """`?%74oken=%65...` authenticates like `?token=e...`: the log redacts what the request decodes to."""
+    marker = uuid.uuid4().hex[:8]
+    forms = {
+        "name_and_value_encoded": f"{_percent_all('token')}={_percent_all(lab.token)}",
+        "value_encoded": f"token={_percent_all(lab.token)}",
+        "name_encoded": f"%74oken={lab.token}",
+        "half_encoded": f"token={lab.token[:20]}{_percent_all(lab.token[20:])}",
+        "double_encoded": "token=" + _percent_all(lab.token).replace("%", "%25"),
+    }
+    # Sent as written (requests would decode %74 back to "t"). It does authenticate, so it
+    # matters what the log shows; then the 404 lines are logged.
+    assert _send(lab, Probe("GET", f"/api/contents?{forms['name_and_value_encoded']}", 200)).status == 200
+    for name, query in forms.items():
+        # (the double-encoded form decodes to a wrong token once: 403, logged all the same)
+        assert _send(lab, Probe("GET", f"/api/contents/missing-{marker}-{name}?{query}", 404)).status in (403, 404)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and lab.log().count(marker) < len(forms):
+        time.sleep(0.2)
+    lines = [line for line in lab.log().splitlines() if marker in line]
+    assert len(lines) >= len(forms), "the requests were logged"
+    tail = lab.token[-12:]
+    for line in lines:
+        decoded = line
+        for _ in range(3):
+            decoded = unquote(decoded)
+        assert tail not in decoded, f"a form of the token is in the log: {line}"
+
+
+# --- a new token ends the old sessions ---------------------------------------------------------
+
+
+def test_new_token_ends_sessions_made_with_the_old_one(tmp_path):
+    """Same runtime folder (same persisted cookie secret); restarted with another token."""
+    root = tmp_path / "workspace"
+    root.mkdir()
+    first = start_lab(tmp_path, root)
+    try:
+        session = http()
+        assert session.get(f"{first.url}/lab?token={first.token}").status_code == 200
+        cookies = "; ".join(f"{c.name}={c.value}" for c in session.cookies)
+        assert http().get(f"{first.url}/api/contents", headers={"Cookie": cookies}).status_code == 200
+    finally:
+        first.stop()
+    # The same port too: the login cookie's name holds it, and tornado signs the name.
+    second = start_lab(tmp_path, root, token=new_token(), port=first.port)
+    try:
+        headers = {"Cookie": cookies, "X-XSRFToken": session.cookies["_xsrf"]}
+        assert http().get(f"{second.url}/api/contents", headers=headers).status_code == 403
+        assert http().post(f"{second.url}/api/kernels", json={"name": "python3"}, headers=headers).status_code == 403
+    finally:
+        second.stop()
+
+
+def test_planted_modules_and_config_files_did_not_run(lab):
+    """Last in the module: after the server, a kernel and a terminal have all run."""
+    ran = [marker.name for marker in lab.markers if marker.exists()]
+    assert ran == [], f"planted code ran inside the server or a kernel: {ran}"

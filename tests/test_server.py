@@ -23,6 +23,7 @@ from lab_helpers import (
     isolated_env,
     lab_argv,
     new_token,
+    plant_modules,
     start_lab,
     websocket,
 )
@@ -215,10 +216,17 @@ def test_entrypoint_starts_the_server(tmp_path):
         WORKBENCH_ALLOW_ROOT="1" if os.geteuid() == 0 else None,
         JUPYTER_RUNTIME_DIR=str(tmp_path / "run" / "jupyter"),
     )
-    server = LabServer(["bash", str(ENTRYPOINT)], env, port, token, tmp_path / "entry.log")
+    # Modules a notebook could plant in /workspace (the image's WORKDIR): none may run.
+    markers = plant_modules(workspace)
+    (tmp_path / "jupyter-config" / "jupyter_config.py").write_text(f"open({str(tmp_path / 'CFG-RAN')!r}, 'w')\n")
+    server = LabServer(["bash", str(ENTRYPOINT)], env, port, token, tmp_path / "entry.log", cwd=workspace)
     try:
         server.wait_ready()
         assert (tmp_path / "run" / "jupyter").is_dir()
+        # The server (the entry point, exec'd) got the token through a pipe, not its environment.
+        environ = Path(f"/proc/{server.process.pid}/environ").read_bytes()
+        assert token.encode() not in environ and b"WORKBENCH_TOKEN_FD=" in environ
+        assert [m.name for m in markers + [tmp_path / "CFG-RAN"] if m.exists()] == []
         listing = http().get(f"{server.url}/api/contents/notebooks", headers={"Authorization": f"token {token}"})
         assert listing.status_code == 200
         assert [item["name"] for item in listing.json()["content"]] == ["01_demo.ipynb"]

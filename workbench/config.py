@@ -38,6 +38,37 @@ def _check_positive(name: str, value: Any, *, allow_zero: bool = False, kind=int
         raise ConfigError(name, value, allowed)
 
 
+def _check_jinja(template: str) -> None:
+    """Compile a chat template as transformers will, so a syntax error is found before anything loads.
+
+    transformers renders templates in a sandboxed Jinja environment with the loop-control
+    extension and its own ``{% generation %}`` block; the same parser is used here.
+    """
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):  # transformers' {% generation %} ... {% endgeneration %}
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.Scope(body, lineno=lineno)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    try:
+        env.parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        lines = template.splitlines()
+        shown = lines[exc.lineno - 1].strip() if 0 < exc.lineno <= len(lines) else ""
+        raise ConfigError("chat_template", f"<template line {exc.lineno}: {shown[:60]}>",
+                          "a Jinja template that compiles",
+                          fix=f"line {exc.lineno} of the template: {str(exc.message).rstrip('.')}. Close every "
+                              "{% if %} / {% for %} with {% endif %} / {% endfor %} and every {{ with }}, "
+                              "or use chat_template: simple.") from None
+
+
 @dataclass
 class ModelChoice:
     """Which model to fine-tune: a hub id (``bert-base-uncased``) or a local folder."""
@@ -142,7 +173,7 @@ class TrainConfig:
     prompt_column: str = "prompt"
     completion_column: str = "completion"
     text_column: str = "text"  # plain language modelling: every token carries loss
-    system_prompt: str | None = None  # a system message put before each prompt/completion pair
+    system_prompt: str | None = None  # a system message put first in each conversation that has none
     eval_generate: int = 0  # eval rows answered greedily for eval_exact_match; 0: off (it is slow)
     eval_max_new_tokens: int = 64
     merge_adapter: bool = False  # also write model_merged/ (base + adapter, a plain model) at the end
@@ -229,6 +260,8 @@ class TrainConfig:
                 (self.chat_template != "simple" and "{{" not in self.chat_template)):
             raise ConfigError("chat_template", self.chat_template,
                               "None (the tokenizer's own), 'simple', or a Jinja template with {{ ... }}")
+        if self.chat_template not in (None, "simple"):
+            _check_jinja(self.chat_template)
         if self.data_format not in DATA_FORMATS:
             raise ConfigError("data_format", self.data_format, " | ".join(DATA_FORMATS))
         for name in ("messages_column", "prompt_column", "completion_column", "text_column"):
@@ -257,7 +290,12 @@ def _build(cls, values: dict[str, Any] | None, section: str):
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(f"{section}.{unknown[0]}", values[unknown[0]], "one of: " + ", ".join(sorted(known)))
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean {section}.{close[0]}? " if close else ""
+        raise ConfigError(f"{section}.{unknown[0]}", values[unknown[0]], "one of: " + ", ".join(sorted(known)),
+                          fix=f"{hint}use one of the {section} fields listed.")
     return cls(**values)
 
 
@@ -293,7 +331,9 @@ class RunSpec:
         """
         path = Path(path)
         if not path.is_file():
-            raise ConfigError("config", str(path), "an existing .yaml, .yml or .json file")
+            raise ConfigError("config", str(path), "an existing .yaml, .yml or .json file",
+                              fix=f"check the path (relative paths start at {Path.cwd()}); `workbench train "
+                                  "--config run.yaml` reads a file the pickers export (picker.export('run.yaml')).")
         text = path.read_text(encoding="utf-8")
         values, lines = _parse(path, text)
         try:

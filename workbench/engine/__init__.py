@@ -8,6 +8,7 @@ What only the loop uses sits beside it, one job a module:
     precision.py    fp32 / fp16 / bf16: what the device supports, what "auto" picks
     optim.py        AdamW and transformers' learning-rate schedules
     memory.py       out-of-memory: recognise it, free memory, halve the micro-batch
+    divergence.py   a run whose loss has blown up stops before anything diverged is saved
     distributed.py  Accelerate, agreement across ranks, launching processes from a notebook
     checkpoint.py   atomic checkpoints and model folders, the run record, resume
     run_lock.py     one run per output folder

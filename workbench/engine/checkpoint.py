@@ -70,6 +70,7 @@ class TrainState:
     best_value: float | None = None
     best_step: int | None = None
     metrics: dict = field(default_factory=dict)  # last evaluation
+    start_loss: float | None = None  # the first step's loss: the divergence guard's reference
 
 
 # ------------------------------------------------------------------ atomic folders
@@ -271,11 +272,16 @@ ORDER_SETTINGS = ("batch_size", "gradient_accumulation_steps", "seed", "max_leng
 
 def check_same_run(path: Path, before: dict[str, Any], now: dict[str, Any]) -> None:
     """CheckpointError naming every difference when ``path`` belongs to another run."""
+    same_weights = before.get("model_content") and before.get("model_content") == now.get("model_content")
     differences = [f"{key} {before.get(key)!r} in the checkpoint, {now.get(key)!r} now"
-                   for key in RUN_IDENTITY if key in now and before.get(key) != now.get(key)]
+                   for key in RUN_IDENTITY if key in now and before.get(key) != now.get(key)
+                   and not (key == "model" and same_weights)]  # a .gguf and the folder made from it
     old, new = before.get("config", {}), now.get("config", {})
     differences += [f"train.{key} {old.get(key)!r} in the checkpoint, {new.get(key)!r} now"
                     for key in ORDER_SETTINGS if old.get(key) != new.get(key)]
+    if any(d.startswith("model ") for d in differences):
+        differences.append("(a model is identified by the name or path given; a .gguf file and the folder "
+                           "converted from it count as the same model, other copies of a model do not)")
     if differences:
         run_dir = Path(path).parent.parent
         raise CheckpointError(

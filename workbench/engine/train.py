@@ -27,6 +27,7 @@ import torch
 
 from workbench.config import ModelChoice, TrainConfig
 from workbench.engine import batching, checkpoint, distributed, inputs, run_lock
+from workbench.engine.divergence import DivergenceGuard
 from workbench.engine.events import EventLog
 from workbench.engine.memory import free_memory, with_halving
 from workbench.engine.optim import make_optimizer, make_scheduler
@@ -34,7 +35,7 @@ from workbench.engine.precision import device_facts, resolve_precision
 from workbench.engine.results import BEST_DIR, MODEL_DIR, FitResult
 from workbench.engine.stopping import HARD_STOP_AFTER, StopRequest, stop_on_signals
 from workbench.errors import CheckpointError, TrainingError
-from workbench.sources import model_checks
+from workbench.sources import gguf, model_checks
 from workbench.tasks import make_task
 from workbench.tasks.base import Task, split_batch
 
@@ -67,6 +68,7 @@ class _Run:
     samples: int = 0  # rows seen by this process since the start of this call
     rng_before_step: dict | None = None  # RNG states while a step is in progress
     eval_micro_batch: int = 0  # rows per eval forward pass (halved on out-of-memory)
+    guard: DivergenceGuard | None = None  # stops a run whose loss went to chance level (finite weights)
 
     @property
     def output_dir(self) -> Path:
@@ -100,6 +102,7 @@ def fit(
     splits, columns, label = inputs.resolve_data(data, text_columns, label_column, config.task)
     task = make_task(config, columns, label)
     task.check_data(splits)
+    task.check_model(model_choice)  # settings that depend on the model's layers (LoRA targets)
     precision = resolve_precision(config.precision, device_facts())
     inputs.check_output_dir(Path(config.output_dir))
     # One run per folder: the main process (global rank 0) holds the lock for all of them.
@@ -304,7 +307,28 @@ def _check_losses(run: _Run) -> float | None:
                 f"The loss became {value} at step {step}; the weights are no longer usable. {kept}",
                 "lower learning_rate (e.g. by 10x), keep max_grad_norm set, or use precision='bf16' "
                 "instead of fp16.", step=step)
+        run.guard.observe(step, value)
+    run.state.start_loss = run.guard.start
+    _check_divergence(run, partial=run.state.step >= run.total_steps)
     return sum(values) / len(values)
+
+
+def _check_divergence(run: _Run, partial: bool = False) -> None:
+    """TrainingError when the loss has gone to chance level and stayed there (engine/divergence.py)."""
+    found = run.guard.diverged(partial=partial)
+    if found is None:
+        return
+    first, last, loss = found
+    good = checkpoint.list_checkpoints(run.output_dir)
+    kept = (f"The newest checkpoint, {good[-1].name}, may already be diverged; best/ holds the best model "
+            "from before, if any." if good else "Nothing was saved from this run.")
+    raise TrainingError(
+        f"The loss diverged: from step {first} to {last} it stayed around {loss:.2f}, far above "
+        f"{run.guard.describe()}. The model now predicts no better than chance, so it is not saved as "
+        f"model/ or best/. {kept}",
+        f"lower learning_rate (it is {run.config.lr:g}; try {run.config.lr / 10:g}), keep warmup_ratio and max_grad_norm "
+        "set, and start again in a new output_dir (or delete this one's checkpoints): a rerun here resumes "
+        "the diverged checkpoint.", step=last)
 
 
 def _log_train(run: _Run) -> None:
@@ -370,7 +394,8 @@ def _evaluate(run: _Run, candidate: bool = True) -> dict[str, float]:
     best = run.state.best_value
     lower_is_better = run.config.selection_metric == "loss"
     better = best is None or (value < best if lower_is_better else value > best)
-    if math.isfinite(value) and better and checkpoint.weights_finite(acc, model):
+    diverged = run.guard.is_diverged_value(metrics.get("eval_loss", float("nan")))
+    if math.isfinite(value) and better and not diverged and checkpoint.weights_finite(acc, model):
         run.state.best_value, run.state.best_step = value, run.state.step
         _save_model(run, run.output_dir / BEST_DIR, extra={"step": run.state.step, "metrics": metrics})
     return metrics
@@ -397,6 +422,7 @@ def _resume(run: _Run, path: Path) -> list[tuple[str, str]]:
     """Load everything from ``path`` (refused when it is another run's); returns messages to log."""
     state, messages = checkpoint.resume(run.accelerator, path, run.record)
     run.state = checkpoint.TrainState(**state)
+    run.guard.start = run.state.start_loss if run.state.start_loss is not None else run.guard.start
     if not 1 <= run.state.micro_batch_size <= run.config.batch_size:
         run.state.micro_batch_size = run.config.batch_size
     return messages
@@ -419,13 +445,14 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: s
     set_seed(config.seed)  # the new head's initial weights depend on it
     tokenizer = task.load_tokenizer(model_choice)
     model = task.build_model(model_choice, tokenizer, config)
-    notes = list(task.notes)
+    notes = []
     max_length, note = model_checks.effective_max_length(config.max_length, model.config, model_choice.name_or_path)
     if note:  # capped to the model's positions, before tokenizing and recording the run
         config = dataclasses.replace(config, max_length=max_length)
         notes.append((note, "warn"))
     with accelerator.local_main_process_first():  # datasets' cache is written once per node
         train_ds, eval_ds = task.datasets(splits, tokenizer, config.max_length, model)
+    notes = [*task.notes, *notes]  # the task's, from checking and encoding the data and loading the model
     collate = task.collator(tokenizer)
     sampler = batching.LengthGroupedBatchSampler(train_ds.lengths, config.batch_size, seed=config.seed,
                                                  group_by_length=config.group_by_length)
@@ -447,12 +474,15 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: s
         log.add_listener(listener)
     record = checkpoint.run_record(asdict(config), seed=config.seed, precision=precision,
                                    world_size=accelerator.num_processes,
-                                   extra={"model": model_choice.name_or_path, **task.identity()})
+                                   extra={"model": model_choice.name_or_path,
+                                          "model_content": gguf.content_identity(model_choice.name_or_path),
+                                          **task.identity()})
     return _Run(config=config, task=task, accelerator=accelerator, model=model, optimizer=optimizer,
                 scheduler=scheduler, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
                 tokenizer=tokenizer, log=log, record=record, precision=precision, total_steps=total_steps,
                 batches_per_epoch=batches_per_epoch, state=checkpoint.TrainState(micro_batch_size=config.batch_size),
-                stop=stop, notes=notes, display=bool(listeners))
+                stop=stop, notes=notes, display=bool(listeners),
+                guard=DivergenceGuard(task.num_classes(), total_steps))
 
 
 def _close(run: _Run) -> None:

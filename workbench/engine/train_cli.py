@@ -40,7 +40,9 @@ def load_spec(args: argparse.Namespace):
         key, sep, raw = item.partition("=")
         section, dot, name = key.partition(".")
         if not sep or not dot or section not in values:
-            raise ConfigError("--set", item, "SECTION.FIELD=VALUE with SECTION one of model, data, train")
+            raise ConfigError("--set", item, "SECTION.FIELD=VALUE with SECTION one of model, data, train",
+                              fix="write it as --set train.num_epochs=1 (the section, a dot, the field, "
+                                  "'=', the value).")
         values[section][name] = _parse_value(raw)
     if args.output_dir:
         values["train"]["output_dir"] = args.output_dir

@@ -11,6 +11,8 @@ an unsafe server start:
     credentials.py      the token (or password hash): where it comes from, whether it is strong
     origins.py          which web origins may talk to the server
     identity.py         the identity provider: foreign origins refused even with the token
+    integrity.py        the guard's own code and the ServerApp hooks checked against the installed files
+    kernels.py          the server's kernels start with -P (no module planted beside a notebook runs)
     hub_singleuser.py   the same server spawned by JupyterHub (the hub authenticates)
 
 Imports: ``workbench.errors`` and jupyter_server / tornado only. Nothing of the engine,

@@ -1,6 +1,7 @@
 """The server's credentials: where the token comes from, and whether it is strong enough.
 
-``resolve_token`` reads ``JUPYTER_TOKEN``, ``JUPYTER_TOKEN_FILE`` or ``WORKBENCH_PASSWORD_HASH``
+``resolve_token`` reads ``JUPYTER_TOKEN`` (or the pipe ``workbench lab`` passes it through),
+``JUPYTER_TOKEN_FILE`` or ``WORKBENCH_PASSWORD_HASH``
 (or generates a token once per process); ``token_problem`` says why a token is too weak.
 Used by the server configuration (``server/jupyter_config``), the security floor
 (``server/floor.py``) and ``workbench doctor``.
@@ -33,6 +34,7 @@ MIN_TOKEN_DISTINCT = 16
 MAKE_TOKEN = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 PASSWORD_HASH_ENV = "WORKBENCH_PASSWORD_HASH"
+TOKEN_FD_ENV = "WORKBENCH_TOKEN_FD"  # a pipe `workbench lab` passes the token through
 _PASSWORD_HASH_PREFIXES = ("argon2:", "sha1:", "sha256:", "sha512:")
 
 # The token generated for this process (config files can be loaded more than once:
@@ -128,6 +130,22 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
     return check_token(text, f"JUPYTER_TOKEN_FILE ({path})")
 
 
+def read_token_fd(value: str) -> str:
+    """Read the token from the pipe `workbench lab` left open, and close it."""
+    try:
+        fd = int(value)
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        os.close(fd)
+    except (ValueError, OSError) as exc:
+        raise LabConfigError(
+            f"{TOKEN_FD_ENV}={value!r} is not a readable pipe ({exc}).",
+            f"unset {TOKEN_FD_ENV}: `workbench lab` sets it itself; give the token as JUPYTER_TOKEN.",
+        ) from exc
+    return b"".join(chunks).decode("utf-8")
+
+
 def resolve_token(environ: Mapping[str, str] | None = None) -> TokenChoice:
     """Pick the server's credentials: JUPYTER_TOKEN, JUPYTER_TOKEN_FILE, a password hash, or a new token.
 
@@ -156,6 +174,10 @@ def _resolve_token(env: Mapping[str, str]) -> TokenChoice:
         )
     if "JUPYTER_TOKEN" in env:
         return TokenChoice(check_token(env["JUPYTER_TOKEN"], "JUPYTER_TOKEN"), "JUPYTER_TOKEN",
+                           hashed_password)
+    if TOKEN_FD_ENV in env:
+        # `workbench lab` moved JUPYTER_TOKEN into a pipe (server/lab.py: pass_token_by_pipe).
+        return TokenChoice(check_token(read_token_fd(env[TOKEN_FD_ENV]), "JUPYTER_TOKEN"), "JUPYTER_TOKEN",
                            hashed_password)
     if "JUPYTER_TOKEN_FILE" in env:
         return TokenChoice(read_token_file(env["JUPYTER_TOKEN_FILE"]), "JUPYTER_TOKEN_FILE",

@@ -24,9 +24,11 @@ from workbench.server.credentials import MIN_TOKEN_LENGTH, PASSWORD_HASH_ENV, ch
 from workbench.server.origins import check_allow_origin
 
 IDENTITY_PROVIDER = "workbench.server.identity.WorkbenchIdentityProvider"
+# Starts Python kernels with -P (server/kernels.py): no planted ipykernel_launcher.py runs as the kernel.
+KERNEL_SPEC_MANAGER = "workbench.server.kernels.SafePathKernelSpecManager"
 # Removed from the server's environment once read, so that kernels and terminals (which
 # copy it) never see them: `!env` in a notebook would save them into the .ipynb.
-SCRUBBED_ENV = ("JUPYTER_TOKEN", "WORKBENCH_PASSWORD_HASH")
+SCRUBBED_ENV = ("JUPYTER_TOKEN", "WORKBENCH_PASSWORD_HASH", "WORKBENCH_TOKEN_FD", "JUPYTER_TOKEN_FILE")
 # tornado_settings keys a config may set. Everything else there can switch a protection
 # off behind the server's back (xsrf_cookies, allow_origin, local_hostnames, cookie
 # kwargs, log_function...), so it is refused; `headers` is checked header by header.
@@ -126,7 +128,7 @@ def check_settings(settings: Mapping[str, object]) -> None:
     allow_origin_pat, allow_remote_access, nbconvert_csp_sandbox, euid,
     allow_unauthenticated_access, allow_password_change, tornado_settings, headers,
     local_hostnames, identity_provider_ok, identity_provider, auth_handlers, runtime_dir,
-    insecure_writes, gateway_url, websocket_url.
+    insecure_writes, gateway_url, websocket_url, cookie_secret_set, kernel_spec_manager.
     """
     token = str(settings.get("token") or "")
     hashed_password = str(settings.get("hashed_password") or "")
@@ -237,6 +239,20 @@ def check_settings(settings: Mapping[str, object]) -> None:
             "every cell and the gateway's credentials.",
             "unset JUPYTER_GATEWAY_URL / GatewayClient.url; the workbench runs its kernels locally.",
         )
+    kernel_specs = settings.get("kernel_spec_manager")
+    if kernel_specs is not None and kernel_specs != KERNEL_SPEC_MANAGER:
+        raise LabConfigError(
+            f"the kernel spec manager is {kernel_specs}, not the workbench's ({KERNEL_SPEC_MANAGER}): "
+            "kernels would start with the notebook's folder first on sys.path, so an "
+            "ipykernel_launcher.py planted next to a notebook would run as its kernel.",
+            "remove ServerApp.kernel_spec_manager_class from the command line and the Jupyter config files.",
+        )
+    if settings.get("cookie_secret_set"):
+        raise LabConfigError(
+            "ServerApp.cookie_secret is set by a config file or the command line: login cookies "
+            "would outlive a change of token.",
+            "remove cookie_secret; the server derives it from its own secret and the token.",
+        )
     if settings.get("runtime_dir"):
         check_runtime_dir(str(settings["runtime_dir"]))
     euid = settings.get("euid")
@@ -301,6 +317,38 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
     })
 
 
+def check_import_path(sys_path: list[str], cwd: str, safe_path: bool, pythonpath: str = "") -> None:
+    """The server was not started with the current folder on its import path.
+
+    ``python -m jupyterlab`` (or ``-c``) without ``-P`` puts the current folder first on
+    sys.path, and the current folder is usually the notebook folder: a module planted there
+    (jupyterlab.py, notebook_shim/, ...) runs inside the server. Empty or relative PYTHONPATH
+    entries mean the current folder (or one below it) too. Folders PYTHONPATH names by
+    absolute path are the user's explicit choice and are left alone.
+    """
+    def real(path: str) -> str:
+        return os.path.realpath(path)
+
+    entries = pythonpath.split(os.pathsep) if pythonpath else []
+    named = {real(p) for p in entries if p and os.path.isabs(p)}
+    relative = [p for p in entries if not p or not os.path.isabs(p)]
+    first = sys_path[0] if sys_path else None
+    if first is not None and not safe_path and (first == "" or real(first) == real(cwd)):
+        where = f"{first!r}, put there by `python -m` or `-c` without -P"
+    elif relative:
+        where = f"PYTHONPATH entries {', '.join(map(repr, relative))}"
+    elif any(not entry or (real(entry) == real(cwd) and real(entry) not in named) for entry in sys_path):
+        where = "an empty entry"
+    else:
+        return
+    raise LabConfigError(
+        f"the server's Python import path holds the current folder {cwd} ({where}): a module "
+        "planted there (e.g. a jupyterlab.py next to the notebooks) would run inside the server.",
+        "start the server with `workbench lab` (or `python -P -m jupyterlab`, Python 3.11+), and "
+        "remove empty or relative entries from PYTHONPATH.",
+    )
+
+
 def scrub_server_environment() -> None:
     """Remove the credentials from os.environ: kernels and terminals copy it when they start."""
     for name in SCRUBBED_ENV:
@@ -322,7 +370,8 @@ def effective_settings(serverapp) -> dict[str, object]:
     try:
         from workbench.server.identity import WorkbenchIdentityProvider
 
-        identity_ok = isinstance(identity, WorkbenchIdentityProvider)
+        # Exactly the class: a subclass (from a config file) could override get_user.
+        identity_ok = type(identity) is WorkbenchIdentityProvider
     except ImportError:
         identity_ok = False
     gateway = getattr(serverapp, "gateway_config", None)
@@ -361,4 +410,7 @@ def effective_settings(serverapp) -> dict[str, object]:
         "websocket_url": serverapp.websocket_url or "",
         "runtime_dir": serverapp.runtime_dir,
         "euid": os.geteuid(),
+        "cookie_secret_set": "cookie_secret" in serverapp.config.get("ServerApp", {}),
+        "kernel_spec_manager": f"{type(serverapp.kernel_spec_manager).__module__}."
+                               f"{type(serverapp.kernel_spec_manager).__qualname__}",
     }

@@ -26,6 +26,10 @@ What a configuration cannot switch off (security round 2):
 * tokens in the log: :func:`install_log_redaction` rewrites every log record;
 * the token in kernels and terminals: ``floor.scrub_server_environment`` removes it from
   the server's environment, which kernels and terminals copy.
+
+And what it checks at start (security round 3): no folder a notebook can write on the
+server's import path, no Python config file but the workbench's own, and the guard's own
+modules and the identity provider are the installed code, unpatched (``server/integrity.py``).
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ import contextlib
 import logging
 import re
 import sys
+import types
 from collections.abc import Iterable, Iterator
+from urllib.parse import unquote
 
 from workbench.errors import LabConfigError
-from workbench.server import floor, hub_singleuser
+from workbench.server import floor, hub_singleuser, integrity
 from workbench.server.credentials import generated_token
 
 GUARD_EXTENSION = "workbench.server.guard"
@@ -95,13 +101,32 @@ _secrets: set[str] = set()
 _log_factory_installed = False
 
 
-def redact(text: str) -> str:
-    """The text with tokens, Authorization / Cookie values and the server's own token replaced."""
+def _redact_literal(text: str) -> str:
     for secret in _secrets:
         text = text.replace(secret, "[secret]")
     text = _SECRET_PARAM.sub(r"\1[secret]", text)
     text = _SECRET_HEADER.sub(r"\1[secret]", text)
     return _SECRET_JSON.sub(r"\1[secret]", text)
+
+
+def redact(text: str) -> str:
+    """The text with tokens, Authorization / Cookie values and the server's own token replaced.
+
+    Judged on what the request decodes to, not only the literal text: ``?%74oken=%65...``
+    authenticates like ``?token=e...``. A line whose percent-decoded form (up to three rounds)
+    holds a secret is written decoded, with the secrets replaced.
+    """
+    clean = _redact_literal(text)
+    decoded = text
+    for _ in range(3):
+        step = unquote(decoded)
+        if step == decoded:
+            break
+        decoded = step
+        redacted = _redact_literal(decoded)
+        if redacted != decoded:
+            return redacted
+    return clean
 
 
 def install_log_redaction(secrets_: Iterable[str] = ()) -> None:
@@ -183,9 +208,22 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "workbench.server.guard"}]
 
 
+def check_pinned() -> None:
+    """The two ServerApp methods :func:`pin_guard_extension` wraps are still its wrappers."""
+    from jupyter_server.serverapp import ServerApp
+
+    nested = [c for c in integrity.fresh_namespace(sys.modules[__name__])["pin_guard_extension"].__code__.co_consts
+              if isinstance(c, types.CodeType)]
+    for method in ("init_server_extensions", "load_server_extensions"):
+        if getattr(getattr(ServerApp, method), "__code__", None) not in nested:
+            raise integrity.replaced(f"ServerApp.{method}")
+
+
 def _load_jupyter_server_extension(serverapp) -> None:
     """Check the effective settings once every config source has been applied."""
     try:
+        integrity.check_startup(serverapp)
+        check_pinned()
         floor.check_versions()
         if hub_singleuser.detect() is not None:
             # Spawned by JupyterHub: the hub's OAuth authenticates; the rest of the floor applies.

@@ -15,6 +15,11 @@ A half-configured mix (some hub variables but not the others, or hub variables p
 standalone token) is refused with what is missing and how to fix it: a server started
 that way either fails later with an obscure OAuth error or, worse, runs with the wrong guard.
 
+As standalone: extra options pass the same allow-list (``server/lab.py``), the server
+starts with ``python -P`` and a config folder of its own, a missing configuration file is
+refused, and a request from another web site is refused even with a valid hub token
+(the hub's identity provider gets the workbench's origin rule, ``server/identity.py``).
+
 Three entry points use this module:
 
 * ``python -m workbench.server.hub_singleuser [server options]`` (the entrypoint's hub branch):
@@ -34,7 +39,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from workbench.errors import LabConfigError
-from workbench.server import floor
+from workbench.server import floor, integrity
+from workbench.server.identity import refuse_foreign_origins
+from workbench.server.lab import (
+    check_server_options,
+    find_server_config,
+    isolate_environment,
+    private_config_dir,
+    safe_module_argv,
+)
 
 # What jupyterhub (Spawner.get_env, 2.x to 6.x) always sets and the single-user server
 # cannot work without: the API token and URL to talk to the hub, the OAuth client and
@@ -49,7 +62,7 @@ REQUIRED = (
     "JUPYTERHUB_USER",
 )
 # Standalone credentials: in hub mode each would let someone in without the hub.
-STANDALONE_CREDENTIALS = ("JUPYTER_TOKEN", "JUPYTER_TOKEN_FILE", "WORKBENCH_PASSWORD_HASH")
+STANDALONE_CREDENTIALS = ("JUPYTER_TOKEN", "JUPYTER_TOKEN_FILE", "WORKBENCH_PASSWORD_HASH", "WORKBENCH_TOKEN_FD")
 
 _REFUSAL = "workbench: the JupyterHub single-user server refuses to start: "
 
@@ -114,13 +127,17 @@ def singleuser_command(argv: list[str], environ: Mapping[str, str] | None = None
             "pass only server options (e.g. --ServerApp.log_level=DEBUG); to run another program, "
             "start it without JupyterHub's variables in its environment.",
         )
+    # The same allow-list as standalone: the hub's variables do not make
+    # --ServerApp.allow_origin=... or --config=... acceptable.
+    args = check_server_options(args)
     # `python -m jupyterhub.singleuser` is `jupyterhub-singleuser`: with jupyter_server 2 it
     # runs the hub's authentication as a server extension (JupyterHubIdentityProvider) and
     # opens JupyterLab by default. Not jupyterlab.labhubapp: that is the older handler-patching
-    # app, whose authentication the guard below cannot see.
-    cmd = [python or sys.executable, "-m", "jupyterhub.singleuser"]
-    if env.get("WORKBENCH_SERVER_CONFIG"):
-        cmd.append(f"--config={env['WORKBENCH_SERVER_CONFIG']}")
+    # app, whose authentication the guard below cannot see. -P: not from the current folder.
+    # The configuration: $WORKBENCH_SERVER_CONFIG, or the package's copy; a missing file is
+    # refused (without it no guard would run).
+    cmd = [*safe_module_argv(python or sys.executable, "jupyterhub.singleuser"),
+           f"--config={find_server_config(env)}"]
     # The hub's Spawner.notebook_dir (JUPYTERHUB_ROOT_DIR) wins; otherwise the workspace.
     if env.get("WORKBENCH_NOTEBOOK_DIR") and not env.get("JUPYTERHUB_ROOT_DIR"):
         cmd.append(f"--ServerApp.root_dir={env['WORKBENCH_NOTEBOOK_DIR']}")
@@ -205,10 +222,14 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 def _load_jupyter_server_extension(serverapp) -> None:
     try:
         detect()
+        integrity.check_startup(serverapp)
         floor.check_versions()
         check_settings(effective_settings(serverapp))
     except LabConfigError as exc:
         raise SystemExit(_REFUSAL + str(exc)) from None
+    # A valid hub token from another web site: refused, as standalone (jupyter_server would
+    # skip the origin check for token-authenticated requests and echo the Origin in CORS).
+    refuse_foreign_origins(serverapp.identity_provider)
     serverapp.log.info("workbench: JupyterHub single-user mode (the hub authenticates users)")
 
 
@@ -223,13 +244,16 @@ def main(argv: list[str] | None = None) -> int:
                 "variables); under JupyterHub the spawner sets them.",
             )
         cmd = singleuser_command(argv)
+        env = dict(os.environ)
+        isolate_environment(env)  # a config folder of its own; no relative PYTHONPATH entries
     except LabConfigError as exc:
         print(_REFUSAL + str(exc), file=sys.stderr)
         return 2
     print("[workbench-hub] running: " + shlex.join(cmd), file=sys.stderr, flush=True)
     if os.environ.get("WORKBENCH_DRY_RUN") == "1":
         return 0
-    os.execv(cmd[0], cmd)
+    private_config_dir(env["JUPYTER_CONFIG_DIR"])
+    os.execve(cmd[0], cmd, env)
     return 0  # not reached
 
 

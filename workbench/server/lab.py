@@ -5,6 +5,11 @@ The configuration ships inside the package, ``workbench/server/jupyter_config/ju
 builds the command line and replaces itself with the server, so Ctrl-C and signals
 go straight to Jupyter. The token is printed by the server once it is running.
 
+The server it starts imports nothing from the current folder (``python -P``), runs no
+Jupyter config file but the workbench's (a config folder of its own, emptied at every
+start) and gets ``JUPYTER_TOKEN`` through a pipe instead of its environment
+(docs/security.md says why each matters).
+
 Started by hand as root (common on cloud machines and CI), it warns and goes on: the
 person who typed it already is root there, and the token still guards access. The
 image, by contrast, runs the server as its own user and refuses root.
@@ -23,11 +28,28 @@ from importlib import resources
 from pathlib import Path
 
 from workbench.errors import LabConfigError
+from workbench.server.credentials import TOKEN_FD_ENV
 
 DEFAULT_PORT = 8888
 DEFAULT_IP = "127.0.0.1"  # loopback: reach it from elsewhere through an SSH tunnel
 CONFIG_ENV = "WORKBENCH_SERVER_CONFIG"
+# The server's Jupyter config folder: emptied at every start (see private_config_dir).
+CONFIG_SUBDIR = "workbench-config"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+# `python -m X` puts the current folder first on sys.path, and the current folder is the default
+# notebook folder: a planted jupyterlab.py (or notebook_shim/, workbench/...) would run inside the
+# server. -P (Python 3.11+) leaves it off; on 3.10 the same from a one-line launcher that drops
+# the '' that -c adds before importing anything.
+_SAFE_MODULE_310 = ("import runpy, sys; sys.path.remove(''); "
+                    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
+def safe_module_argv(python: str, module: str) -> list[str]:
+    """Run ``python -m module`` without the current folder on sys.path."""
+    if sys.version_info >= (3, 11):
+        return [python, "-P", "-m", module]
+    return [python, "-c", _SAFE_MODULE_310, module]
 
 
 # --- extra JupyterLab options: an allow-list ------------------------------------------------
@@ -200,8 +222,9 @@ def build_command(
             "give an existing folder (the file browser shows it), e.g. --notebook-dir .",
         )
     config = find_server_config(env)
+    isolate_environment(env)
     argv = [
-        python, "-m", "jupyterlab",
+        *safe_module_argv(python, "jupyterlab"),
         f"--config={config}",
         f"--ServerApp.ip={ip}",
         f"--ServerApp.port={int(port)}",
@@ -226,6 +249,78 @@ def build_command(
     return LabCommand(argv=argv, env=env, warnings=warnings)
 
 
+def isolate_environment(env: dict[str, str]) -> None:
+    """What the server imports and which config files it runs come from the workbench only.
+
+    * PYTHONPATH: empty or relative entries mean the current folder; they are dropped.
+    * Jupyter config files are Python: ``jupyter_config.py`` / ``jupyter_lab_config.py`` in
+      ~/.jupyter, $JUPYTER_CONFIG_DIR or $JUPYTER_CONFIG_PATH could patch the guard before it
+      runs. The server gets a config folder of its own, emptied at every start
+      (:func:`private_config_dir`), and no JUPYTER_CONFIG_PATH; JupyterLab's settings and
+      workspaces stay where they were. (The guard refuses any other Python config file.)
+    """
+    if env.get("PYTHONPATH"):
+        kept = [p for p in env["PYTHONPATH"].split(os.pathsep) if p and os.path.isabs(p)]
+        if kept:
+            env["PYTHONPATH"] = os.pathsep.join(kept)
+        else:
+            env.pop("PYTHONPATH")
+    user_config = env.get("JUPYTER_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".jupyter")
+    env.setdefault("JUPYTERLAB_SETTINGS_DIR", os.path.join(user_config, "lab", "user-settings"))
+    env.setdefault("JUPYTERLAB_WORKSPACES_DIR", os.path.join(user_config, "lab", "workspaces"))
+    env.pop("JUPYTER_CONFIG_PATH", None)
+    env["JUPYTER_CONFIG_DIR"] = str(Path(_runtime_dir(env)) / CONFIG_SUBDIR)
+
+
+def _runtime_dir(env: Mapping[str, str]) -> str:
+    if env.get("JUPYTER_RUNTIME_DIR"):
+        return env["JUPYTER_RUNTIME_DIR"]
+    from jupyter_core.paths import jupyter_data_dir
+
+    data = env.get("JUPYTER_DATA_DIR") or jupyter_data_dir()
+    return os.path.join(data, "runtime")
+
+
+def private_config_dir(path: str | os.PathLike[str]) -> Path:
+    """Empty the server's config folder (mode 700): nothing written there survives a restart.
+
+    A ``migrated`` marker keeps jupyter_core from copying IPython profile files into it.
+    """
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+    path.mkdir(mode=0o700)
+    (path / "migrated").write_text("workbench\n")
+    return path
+
+
+def pass_token_by_pipe(env: dict[str, str]) -> int | None:
+    """Move JUPYTER_TOKEN out of the server's environment into an inherited pipe.
+
+    A process's initial environment stays readable in /proc/PID/environ for its whole life
+    (a kernel reads its parent's), whatever the server removes from os.environ later. The
+    server configuration reads the token from the pipe (WORKBENCH_TOKEN_FD) and closes it.
+    Returns the read end's descriptor, or None when there is no JUPYTER_TOKEN.
+    """
+    token = env.pop("JUPYTER_TOKEN", None)
+    if token is None:
+        return None
+    data = token.encode()
+    read_fd, write_fd = os.pipe()
+    if len(data) >= 65536:  # a pipe buffer; a token is ~43 bytes
+        raise LabConfigError("JUPYTER_TOKEN is longer than 64 KiB.", "use a token of 32 to 100 characters.")
+    os.write(write_fd, data)
+    os.close(write_fd)
+    os.set_inheritable(read_fd, True)
+    env[TOKEN_FD_ENV] = str(read_fd)
+    return read_fd
+
+
 def launch(
     port: int = DEFAULT_PORT,
     ip: str = DEFAULT_IP,
@@ -241,6 +336,8 @@ def launch(
     print(f"workbench lab: {command.shell()}", file=sys.stderr, flush=True)
     if print_only:
         return 0
+    private_config_dir(command.env["JUPYTER_CONFIG_DIR"])
+    pass_token_by_pipe(command.env)
     os.execve(command.argv[0], command.argv, command.env)
     return 0  # not reached
 

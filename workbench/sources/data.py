@@ -25,11 +25,13 @@ after the loaders. The next split is loaders (hub, files) apart from the checks.
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import os
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -259,8 +261,12 @@ def find_data_files(path: str | os.PathLike) -> tuple[str, dict[str, Any], dict[
     return builder, dict(kwargs), splits
 
 
-def load_files(path: str | os.PathLike) -> DatasetDict:
-    """Load a local file or folder into a DatasetDict, one entry per split."""
+def load_files(path: str | os.PathLike, *, csv_as_text: bool = False) -> DatasetDict:
+    """Load a local file or folder into a DatasetDict, one entry per split.
+
+    ``csv_as_text``: every CSV/TSV column is read as the text written ("004", "2.50" stay so),
+    not typed as numbers by pandas: what a language model trains on is the text.
+    """
     import datasets
 
     builder, kwargs, splits = find_data_files(path)
@@ -268,6 +274,13 @@ def load_files(path: str | os.PathLike) -> DatasetDict:
         kwargs.setdefault("encoding", "utf-8-sig")  # a spreadsheet's BOM must not join the header
         for key, value in CSV_READ_OPTIONS.items():
             kwargs.setdefault(key, value)
+        if csv_as_text:
+            import csv
+
+            first = Path(next(iter(splits.values()))[0])
+            with first.open(encoding="utf-8-sig", newline="") as f:
+                header = next(csv.reader(f, delimiter=kwargs.get("delimiter", ",")), [])
+            kwargs["features"] = datasets.Features({name: datasets.Value("string") for name in header})
     try:
         loaded = datasets.load_dataset(builder, data_files=splits, **kwargs)
     except Exception as e:  # pyarrow/pandas raise many types; each becomes one clear message
@@ -367,10 +380,10 @@ def _not_found(text: str) -> DataError:
     )
 
 
-def load_raw(choice: DatasetChoice) -> DatasetDict:
+def load_raw(choice: DatasetChoice, *, csv_as_text: bool = False) -> DatasetDict:
     """Every split of the chosen source, unchecked (for the picker's preview)."""
     if choice.source == "files":
-        return load_files(choice.path)
+        return load_files(choice.path, csv_as_text=csv_as_text)
     if looks_like_local_path(choice.path, FORMATS) and not Path(choice.path).expanduser().exists():
         raise _not_found(choice.path)  # not a hub id: the hub's "offline" error would mislead
     return load_hub(choice.path, choice.config_name)
@@ -703,11 +716,18 @@ def load_splits(choice: DatasetChoice) -> DatasetDict:
     All columns are kept and nothing is checked here: the task knows which columns it
     reads (chat messages, prompt/completion, text) and checks them. Without an eval
     split, a random ``validation_fraction`` of train (seed ``choice.seed``) becomes one.
+
+    Each row keeps its index in what the user gave (``ROW_COLUMN``) and the result's
+    ``origins`` ({split: RowOrigin}) turns that index into a file and line, so an error
+    about a row points into the user's file, not into the shuffled split made from it.
     """
     from datasets import DatasetDict
 
-    raw = load_raw(choice)
+    raw = load_raw(choice, csv_as_text=True)  # "004" and "2.50" are answers as written, not numbers
+    files = find_data_files(choice.path)[2] if choice.source == "files" else {}
     train = _train_split(raw, choice)
+    train = train.add_column(ROW_COLUMN, list(range(train.num_rows)))
+    origins = {"train": RowOrigin(files.get(choice.train_split, []), choice.path, choice.train_split)}
     eval_split = _eval_split_name(raw, choice)
     if eval_split is None:
         if train.num_rows < 2:
@@ -715,7 +735,87 @@ def load_splits(choice: DatasetChoice) -> DatasetDict:
                             "validation set off.", "add rows, or give an eval split.")
         parts = train.train_test_split(test_size=choice.validation_fraction, seed=choice.seed)
         train, validation = parts["train"], parts["test"]
+        origins["validation"] = origins["train"]
     else:
         validation = raw[eval_split]
-    return DatasetDict(train=_cap(train, choice.max_train_rows, choice.seed),
-                       validation=_cap(validation, choice.max_eval_rows, choice.seed))
+        validation = validation.add_column(ROW_COLUMN, list(range(validation.num_rows)))
+        origins["validation"] = RowOrigin(files.get(eval_split, []), choice.path, eval_split)
+    splits = DatasetDict(train=_cap(train, choice.max_train_rows, choice.seed),
+                         validation=_cap(validation, choice.max_eval_rows, choice.seed))
+    splits.origins = origins
+    return splits
+
+
+# ---------------------------------------------------------------- where a row came from
+ROW_COLUMN = "__workbench_row__"  # a row's index in the file(s) of its split, from 0
+
+
+@dataclass
+class RowOrigin:
+    """The files (or hub split) a split's rows were read from, in the order datasets read them."""
+
+    files: list[str]
+    source: str  # the data path or hub id as given
+    split: str  # the split's name there
+
+    def describe(self, index: int) -> str:
+        """Row ``index`` (ROW_COLUMN) as the user finds it: "data/chats.jsonl line 8"."""
+        if not self.files:
+            return f"{self.source} split {self.split!r} row {index}"
+        for path in self.files:
+            starts = _record_lines(Path(path))
+            if index < len(starts):
+                line = starts[index]
+                return f"{path} line {line}" if line else f"{path} row {index} (counting from 0)"
+            index -= len(starts)
+        return f"{self.files[-1]} row {index}"
+
+
+class RowLocator:
+    """Rows of ``splits[split]`` as the user finds them: ``locate(i)`` is the file and line when
+    the splits came from ``load_splits``, else the split's own row index (a DatasetDict the
+    user built: its rows are what they see); ``position(i)`` orders rows as the file does."""
+
+    def __init__(self, splits, split: str):
+        ds = splits[split]
+        self.split = split
+        self.origin = getattr(splits, "origins", {}).get(split)
+        self.rows = list(ds[ROW_COLUMN]) if self.origin is not None and ROW_COLUMN in ds.column_names else None
+
+    def __call__(self, i: int) -> str:
+        return f"{self.split} split row {i}" if self.rows is None else self.origin.describe(self.rows[i])
+
+    def position(self, i: int) -> int:
+        return i if self.rows is None else self.rows[i]
+
+
+
+def _record_lines(path: Path) -> list[int | None]:
+    """The 1-based line on which each record of a data file starts (None where lines mean nothing)."""
+    stat = path.stat()
+    return _record_lines_cached(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)  # an error names up to a few rows: read each file once
+def _record_lines_cached(name: str, mtime_ns: int, size: int) -> list[int | None]:
+    path = Path(name)
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl" or (suffix == ".json" and not path.read_text(encoding="utf-8").lstrip().startswith("[")):
+        with path.open(encoding="utf-8") as f:
+            return [n for n, line in enumerate(f, start=1) if line.strip()]
+    if suffix in (".csv", ".tsv"):
+        import csv
+
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f, delimiter="\t" if suffix == ".tsv" else ",")
+            starts, end = [], 0
+            for record in reader:
+                if any(cell.strip() for cell in record):
+                    starts.append(end + 1)
+                end = reader.line_num
+            return starts[1:]  # the header is not a row
+    if suffix == ".json":
+        return [None] * len(json.loads(path.read_text(encoding="utf-8")))
+    import pyarrow.parquet as pq
+
+    return [None] * pq.ParquetFile(path).metadata.num_rows

@@ -76,6 +76,23 @@ def _source_facts(gguf_path: Path, dtype: str) -> dict:
     return {"file": gguf_path.name, "size": size, "sample_sha256": digest.hexdigest(), "dtype": dtype}
 
 
+def content_identity(name_or_path: str | os.PathLike) -> str | None:
+    """What identifies a GGUF model by content: the same for the file and the folder converted from it.
+
+    "gguf:<sha256 of the file's ends>" for a .gguf file or a folder ``convert_gguf`` wrote;
+    None for anything else (a hub id or folder is identified by its name).
+    """
+    path = Path(str(name_or_path)).expanduser()
+    try:
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            return "gguf:" + _source_facts(path, "")["sample_sha256"]
+        if (path / MARKER).is_file():
+            return "gguf:" + json.loads((path / MARKER).read_text(encoding="utf-8"))["sample_sha256"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return None
+
+
 def is_converted(output_dir: str | os.PathLike, gguf_path: str | os.PathLike,
                  dtype: str = "float32") -> bool:
     """True when ``output_dir`` holds a finished conversion of this very file at this dtype."""
@@ -85,6 +102,104 @@ def is_converted(output_dir: str | os.PathLike, gguf_path: str | os.PathLike,
     except (OSError, ValueError):
         return False
     return facts == _source_facts(Path(gguf_path), dtype)
+
+
+# ------------------------------------------------------------------ integrity
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+class _Header:
+    """A reader of the GGUF header that never reads past the file: EOFError when it would."""
+
+    def __init__(self, f, size: int):
+        self.f, self.size = f, size
+
+    def read(self, n: int) -> bytes:
+        if n < 0 or self.f.tell() + n > self.size:
+            raise EOFError
+        return self.f.read(n)
+
+    def scalar(self, fmt: str):
+        import struct
+
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        return self.read(self.scalar("<Q")).decode("utf-8", errors="replace")
+
+    def value(self, kind: int):
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, count = self.scalar("<I"), self.scalar("<Q")
+            if item in _SCALARS:  # skipped, not decoded: a vocabulary has 100k+ entries
+                import struct
+
+                self.read(struct.calcsize(_SCALARS[item]) * count)
+                return None
+            return [self.value(item) for _ in range(count)]
+        if kind not in _SCALARS:
+            raise ValueError(f"unknown value type {kind}")
+        return self.scalar(_SCALARS[kind])
+
+
+def declared_size(path: str | os.PathLike) -> int:
+    """The bytes a GGUF file must have: where its header says the last tensor's data ends.
+
+    ValueError with the reason when the header itself is not GGUF or breaks off.
+    """
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    path = Path(path)
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        h = _Header(f, size)
+        try:
+            if h.read(4) != b"GGUF":
+                raise ValueError("it does not start with the GGUF magic bytes")
+            version, n_tensors, n_kv = h.scalar("<I"), h.scalar("<Q"), h.scalar("<Q")
+            if version not in (2, 3) or n_tensors > 10**7 or n_kv > 10**7:
+                raise ValueError(f"its header is garbled (version {version}, {n_tensors} tensors)")
+            alignment = 32
+            for _ in range(n_kv):
+                key, kind = h.string(), h.scalar("<I")
+                value = h.value(kind)
+                if key == "general.alignment" and isinstance(value, int):
+                    alignment = value
+            end = 0
+            for _ in range(n_tensors):
+                h.string()
+                dims = [h.scalar("<Q") for _ in range(h.scalar("<I"))]
+                kind, offset = h.scalar("<I"), h.scalar("<Q")
+                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+                count = 1
+                for d in dims:
+                    count *= d
+                end = max(end, offset + count // block * type_size)
+            data_start = -(-f.tell() // alignment) * alignment
+        except EOFError:
+            raise ValueError("its header breaks off before its end") from None
+        except (KeyError, UnicodeError) as exc:
+            raise ValueError(f"its header is garbled ({exc})") from None
+    return data_start + end
+
+
+def check_gguf_file(path: str | os.PathLike) -> None:
+    """ModelError when a .gguf file is truncated or corrupt (its size vs what its header declares)."""
+    path = Path(path)
+    size = path.stat().st_size
+    fix = ("get a good copy: download it again (compare its size and SHA-256 with those on the model's "
+           "page; with huggingface-cli, `huggingface-cli download REPO FILE --force-download`; with "
+           "Ollama, `ollama pull MODEL`), or export it again with llama.cpp's convert_hf_to_gguf.py.")
+    try:
+        needed = declared_size(path)
+    except ValueError as exc:
+        raise ModelError(f"{path} is not a usable GGUF file: {exc} ({size:,} bytes). It is truncated "
+                         "or corrupt (an interrupted download or copy?).", fix) from None
+    if size < needed:
+        raise ModelError(f"{path} is truncated: it has {size:,} bytes, but its header declares tensor "
+                         f"data up to byte {needed:,}: {needed - size:,} bytes are missing.", fix)
 
 
 def convert_gguf(gguf_path: str | os.PathLike, output_dir: str | os.PathLike | None = None, *,
@@ -126,6 +241,7 @@ def _convert(gguf_path: Path, out: Path, dtype: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_gguf_file(gguf_path)  # before transformers' reshape errors on a cut-off file
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)

@@ -69,6 +69,9 @@ def check_model_source(name_or_path: str) -> str:
                 " hub id such as 'bert-base-uncased'.")
         return "hub"
     if path.is_file() and path.suffix.lower() == ".gguf":
+        from workbench.sources.gguf import check_gguf_file
+
+        check_gguf_file(path)  # a cut-off download is said as such, before anything loads (~1 s)
         return "gguf"  # llama.cpp / Ollama weights: converted to a model folder once (workbench.sources.gguf)
     if not path.is_dir():
         raise ModelError(f"{path} is a file, not a model folder.",

@@ -26,6 +26,9 @@ class Task(Protocol):
     def check_data(self, splits) -> None:
         """Everything that can be wrong with the data, found before any training (DataError)."""
 
+    def check_model(self, choice: ModelChoice) -> None:
+        """Settings that depend on the model's layers, checked before anything loads (ConfigError)."""
+
     def load_tokenizer(self, choice: ModelChoice) -> Any: ...
 
     def build_model(self, choice: ModelChoice, tokenizer, config: TrainConfig) -> torch.nn.Module:
@@ -69,6 +72,10 @@ class Task(Protocol):
         """Outputs made from the saved final model (a merged LoRA model); (text, level) messages.
         Called on the main process only. ``write_dir(final, write)`` is the engine's atomic
         folder writer: ``write(tmp)`` fills a temporary folder that then replaces ``final``."""
+
+    def num_classes(self) -> int | None:
+        """What the model chooses among at each prediction (labels; vocabulary tokens for an LM):
+        ln of it is the loss of a uniform guess, where a diverged run ends up. None: unknown."""
 
     def identity(self) -> dict[str, Any]:
         """Facts that make a run this run (labels, ...): written to the run record."""

@@ -43,9 +43,10 @@ the next split is the data encoding apart from the task object.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,8 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from workbench.config import ModelChoice, TrainConfig
-from workbench.errors import DataError
+from workbench.errors import ConfigError, DataError
+from workbench.sources.data import ROW_COLUMN, RowLocator
 from workbench.tasks import lora
 from workbench.tasks.base import (
     enable_gradient_checkpointing,
@@ -93,6 +95,10 @@ def detect_format(columns: Sequence[str], settings: TrainConfig) -> str:
         return "prompt_completion"
     if settings.text_column in columns:
         return "text"
+    if "conversations" in columns:  # ShareGPT's column name; its {from, value} turns are read as they are
+        raise DataError(
+            f"No {settings.messages_column!r} column, but a 'conversations' column (ShareGPT-style chats).",
+            "set messages_column: conversations (train section), the rows are read as they are.")
     raise DataError(
         f"Cannot tell the data format from the columns {', '.join(columns)}: a causal LM trains on "
         f"a {settings.messages_column!r} column (a list of {{role, content}}), "
@@ -102,24 +108,104 @@ def detect_format(columns: Sequence[str], settings: TrainConfig) -> str:
         "text_column to the names your data uses.")
 
 
-def _message_problem(messages: Any, loss_on: str) -> str | None:
+# ShareGPT rows ({"from": "human", "value": ...}) and their role names, read as {role, content}.
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "model": "assistant", "system": "system"}
+TOOL_ROLES = ("tool", "function", "ipython")
+
+
+def normalize_message(m: Any, j: int) -> tuple[dict | None, str | None]:
+    """``({role, content}, None)`` for one message as users hand them over, or ``(None, problem)``.
+
+    Accepted besides {role, content}: ShareGPT's {from, value} and OpenAI's list of content
+    parts when every part is text (joined by newlines). Refused with the reason: tool and
+    function turns, assistant tool calls, and image/audio parts (this is a text-only trainer).
+    Keys a row does not have may be present as None: Arrow gives every message of a file
+    the union of the keys any message has.
+    """
+    if not isinstance(m, dict):
+        return None, f"message {j} is {type(m).__name__}, not a {{role, content}} dict"
+    role, content = m.get("role"), m.get("content")
+    if role is None and m.get("from") is not None:  # ShareGPT
+        role = SHAREGPT_ROLES.get(str(m["from"]).strip().lower())
+        if role is None:
+            return None, (f"message {j} has from={m['from']!r}; ShareGPT roles read here: "
+                          f"{', '.join(SHAREGPT_ROLES)}")
+        content = m.get("value")
+    if role in TOOL_ROLES or m.get("tool_calls") or m.get("function_call"):
+        what = f"role {role!r}" if role in TOOL_ROLES else "an assistant tool call"
+        return None, (f"message {j} is {what}: tool/function-calling turns are not trained here (their "
+                      "calls and results would be learned as plain text or lost); drop those rows or turns")
+    if isinstance(content, list):  # OpenAI-style content parts
+        kinds = [part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content]
+        other = next((k for k in kinds if k != "text"), None)
+        if other is not None or not content:
+            return None, (f"message {j} has a {other!r} content part: only text parts can be trained "
+                          "here (a text-only model)" if content else f"message {j} has an empty content list")
+        content = "\n".join(part.get("text") or "" for part in content)
+    if isinstance(role, str) and role.strip().lower() in ROLES:  # "User", "ASSISTANT " from hand-made files
+        role = role.strip().lower()
+    if role not in ROLES:
+        return None, f"message {j} has role {role!r}; allowed: {', '.join(ROLES)} (or ShareGPT's from/value)"
+    if not isinstance(content, str):
+        return None, f"message {j} ({role}) has no text content (got {type(content).__name__})"
+    weight = m.get("weight")
+    if weight is None or role != "assistant":
+        return {"role": role, "content": content}, None
+    if weight not in (0, 1) or isinstance(weight, bool):
+        return None, f"message {j} has weight {weight!r}; allowed: 0 (do not train on it) or 1"
+    # OpenAI's fine-tuning format: weight 0 = context only, not an answer to learn
+    return {"role": role, "content": content, "weight": int(weight)}, None
+
+
+def normalize_messages(messages: Any) -> tuple[list[dict], str | None]:
+    """Every message of a conversation normalized; the first problem if any.
+
+    A conversation stored as JSON text (a CSV column of chats) is parsed first.
+    """
+    if isinstance(messages, str) and messages.lstrip().startswith("["):
+        try:
+            messages = json.loads(messages)
+        except ValueError as exc:
+            return [], f"the messages are text that starts like a JSON list but is not one ({exc})"
     if not isinstance(messages, list) or not messages:
-        return f"expected a non-empty list of {{role, content}}, got {type(messages).__name__}"
+        kind = "an empty list" if isinstance(messages, list) else type(messages).__name__
+        return [], f"expected a non-empty list of {{role, content}} messages, got {kind}"
+    out = []
     for j, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-            return f"message {j} is not a {{role, content}} dict with text content"
-        if m.get("role") not in ROLES:
-            return f"message {j} has role {m.get('role')!r}; allowed: {', '.join(ROLES)}"
+        message, problem = normalize_message(m, j)
+        if problem:
+            return [], problem
+        out.append(message)
+    return out, None
+
+
+def _message_problem(messages: Any, loss_on: str) -> str | None:
+    messages, problem = normalize_messages(messages)
+    if problem:
+        return problem
     if messages[0]["role"] == "assistant":
         return "the conversation starts with the assistant; it needs a user (or system) message first"
+    empty = [j for j, m in enumerate(messages) if m["role"] == "assistant" and not m["content"].strip()]
+    if empty:
+        # it would train on nothing but the end-of-turn token: "answer with nothing"
+        return f"assistant message {empty[0]} is empty or whitespace-only"
     if loss_on == "completion" and not any(m["role"] == "assistant" for m in messages):
         return "no assistant message: nothing to learn with loss_on='completion'"
+    if loss_on == "completion" and not any(m["role"] == "assistant" and m.get("weight", 1) for m in messages):
+        return "every assistant message has weight 0: nothing to learn with loss_on='completion'"
     return None
 
 
 def _row_problem(row: dict, fmt: str, settings: TrainConfig) -> str | None:
     if fmt == "messages":
-        return _message_problem(row[settings.messages_column], settings.loss_on)
+        messages = row[settings.messages_column]
+        if messages is None and row.get(settings.prompt_column) is not None:
+            return (f"it is a {settings.prompt_column}/{settings.completion_column} row, the others are "
+                    f"{settings.messages_column!r} rows: one format per file")
+        if messages is None and row.get(settings.text_column) is not None:
+            return f"it is a {settings.text_column!r} row, the others are {settings.messages_column!r} rows"
+        return _message_problem(messages, settings.loss_on)
     if fmt == "text":
         text = row[settings.text_column]
         return None if isinstance(text, str) and text.strip() else f"empty or non-text value {text!r}"
@@ -129,51 +215,111 @@ def _row_problem(row: dict, fmt: str, settings: TrainConfig) -> str | None:
         if problem:
             return f"prompt: {problem}"
     elif not isinstance(prompt, str):
+        if prompt is None and row.get(settings.messages_column) is not None:
+            return f"it is a {settings.messages_column!r} row, the others are prompt/completion rows"
         return f"prompt is {type(prompt).__name__}, not text"
     if isinstance(completion, list):
-        if not completion or not all(isinstance(m, dict) and m.get("role") == "assistant"
-                                     and isinstance(m.get("content"), str) for m in completion):
-            return "completion: expected a list of assistant messages"
+        turns, problem = normalize_messages(completion)
+        if problem or not all(m["role"] == "assistant" for m in turns):
+            return f"completion: expected a list of assistant messages ({problem or 'another role found'})"
+        if not all(m["content"].strip() for m in turns):
+            return "completion: an assistant message is empty or whitespace-only"
     elif not isinstance(completion, str) or not completion.strip():
         return f"completion is empty or not text ({completion!r})"
     return None
 
 
+def _duplicate_notes(splits, columns: list[str]) -> list[tuple[str, str]]:
+    """Warnings for rows given twice in train, and for validation rows that are also train rows.
+
+    Duplicates are not wrong, but they weigh those rows double, and an eval row seen in
+    training makes eval_loss look better than the model is. Hashes of the columns read.
+    """
+    def digests(split):
+        ds = splits[split].select_columns(columns)
+        return [hashlib.sha1(json.dumps(row, sort_keys=True, default=str).encode()).digest() for row in ds]
+
+    train, validation = digests("train"), digests("validation")
+    first: dict[bytes, int] = {}
+    twice = []
+    for i, d in enumerate(train):
+        if d in first:
+            twice.append((first[d], i))
+        else:
+            first[d] = i
+    notes = []
+    if twice:
+        locate = RowLocator(splits, "train")
+        a, b = twice[0]
+        notes.append((f"{len(twice)} train rows repeat an earlier train row (e.g. {locate(b)} repeats "
+                      f"{locate(a)}): they weigh double in training. Drop duplicates if that is not meant.", "warn"))
+    leaked = [i for i, d in enumerate(validation) if d in first]
+    if leaked:
+        locate = RowLocator(splits, "validation")
+        notes.append((f"{len(leaked)} of {len(validation)} validation rows are also train rows (e.g. "
+                      f"{locate(leaked[0])}): eval_loss will look better than the model is. Drop them from "
+                      "one of the two.", "warn"))
+    return notes
+
+
 def to_messages(row: dict, fmt: str, settings: TrainConfig) -> list[dict]:
-    """A chat row or a prompt/completion row as a list of messages."""
+    """A chat row or a prompt/completion row as a list of {role, content} messages.
+
+    ``system_prompt`` goes first in every conversation that has no system message of its
+    own: a row's own system message is the more specific instruction, so it wins.
+    """
     if fmt == "messages":
-        return [{"role": m["role"], "content": m["content"]} for m in row[settings.messages_column]]
-    prompt, completion = row[settings.prompt_column], row[settings.completion_column]
-    messages = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
-    messages += ([dict(m) for m in prompt] if isinstance(prompt, list)
-                 else [{"role": "user", "content": prompt}])
-    messages += ([dict(m) for m in completion] if isinstance(completion, list)
-                 else [{"role": "assistant", "content": completion}])
+        messages = normalize_messages(row[settings.messages_column])[0]
+    else:
+        prompt, completion = row[settings.prompt_column], row[settings.completion_column]
+        messages = (normalize_messages(prompt)[0] if isinstance(prompt, list)
+                    else [{"role": "user", "content": prompt}])
+        messages += (normalize_messages(completion)[0] if isinstance(completion, list)
+                     else [{"role": "assistant", "content": completion}])
+    if settings.system_prompt and not any(m["role"] == "system" for m in messages):
+        messages = [{"role": "system", "content": settings.system_prompt}, *messages]
     return messages
 
 
 # ------------------------------------------------------------------------- encoding
-def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+class TemplateProblem(DataError):
+    """The chat template, not the row, is at fault: said once, with the row it showed on."""
+
+
+def assistant_spans(tokenizer, messages: list[dict], max_length: int | None = None
+                    ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character span of each assistant turn in it.
 
     A turn's span runs from the end of the conversation rendered up to it with the
     generation prompt (the role header the model sees at inference) to the end of
     the conversation rendered with it (its content and the template's closing).
+    With ``max_length``, turns that start past it are not looked for (they are cut anyway).
     """
     text = tokenizer.apply_chat_template(messages, tokenize=False)
+    answers = [m["content"].strip() for m in messages if m["role"] == "assistant"]
+    if answers and not any(answer in text for answer in answers):
+        raise TemplateProblem(
+            "The chat template does not render assistant turns: none of the row's answers appear in "
+            f"the text it produces (e.g. {answers[0][:40]!r} is missing), so there is nothing to train on.",
+            "fix the template so it writes each assistant message's content (see chat_template='simple'), "
+            "or leave chat_template unset to use the tokenizer's own.")
     spans = []
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or m.get("weight", 1) == 0:  # weight 0: context, not an answer
             continue
         before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        if max_length is not None and len(before) > max_length and \
+                len(tokenizer(before, add_special_tokens=False)["input_ids"]) >= max_length:
+            break  # this answer and the later ones start past max_length: cut anyway (long chats: O(n^2))
         upto = tokenizer.apply_chat_template(messages[:i + 1], tokenize=False)
         if not (upto.startswith(before) and text.startswith(upto)):
-            raise DataError(
+            raise TemplateProblem(
                 "The chat template does not render each turn as a prefix of the next, so the "
                 "assistant's tokens cannot be told from the prompt's.",
                 "use chat_template='simple', a template of your own, or loss_on='all'.")
         spans.append((len(before), len(upto)))
     return text, spans
+
 
 
 def encode_chat(tokenizer, messages: list[dict], *, max_length: int, loss_on: str,
@@ -189,7 +335,7 @@ def encode_chat(tokenizer, messages: list[dict], *, max_length: int, loss_on: st
     is not, since the model never generates past its stop token. A turn with no end
     token gets an EOS appended.
     """
-    text, spans = assistant_spans(tokenizer, messages)
+    text, spans = assistant_spans(tokenizer, messages, max_length)
     cuts = sorted({0, len(text), *(c for span in spans for c in span)})
     starts = {start for start, _ in spans}
     eos = tokenizer.eos_token_id
@@ -333,6 +479,7 @@ class CausalLMTask:
         self.padding_free = False
         self.dropped: dict[str, int] = {}  # rows whose supervised tokens were all truncated away
         self.parameters: dict[str, int] = {}
+        self.vocab_size: int | None = None  # the LM head's outputs: ln of it is a uniform guess's loss
         self.targets: list[str] = []
         self.notes: list[tuple[str, str]] = []  # (text, level) from set-up, logged after "start"
         self.data_fingerprint: str | None = None
@@ -358,7 +505,7 @@ class CausalLMTask:
             if len(ds) == 0:
                 raise DataError(f"The {split} split is empty (0 rows).",
                                 "check the file or split name, or the max_*_rows caps.")
-            fmt = detect_format(ds.column_names, self.settings)
+            fmt = detect_format([c for c in ds.column_names if c != ROW_COLUMN], self.settings)
             if self.format is not None and fmt != self.format:
                 raise DataError(f"The train split holds {self.format} rows but {split} holds {fmt} rows.",
                                 "give both splits the same columns.")
@@ -370,17 +517,84 @@ class CausalLMTask:
                 raise DataError(f"The {split} split has no column {missing[0]!r} for data_format={fmt!r}; "
                                 f"available: {', '.join(ds.column_names)}.",
                                 "set the *_column settings to your column names.")
-            bad = []
-            for i, row in enumerate(ds.select_columns(needed)):
-                problem = _row_problem(row, fmt, self.settings)
-                if problem:
-                    bad.append(f"row {i}: {problem}")
-                    if len(bad) == CHECK_ROWS_SHOWN:
-                        break
-            if bad:
-                raise DataError(f"The {split} split has rows that cannot be trained on: " + "; ".join(bad) + ".",
-                                "fix or drop those rows (datasets: ds.filter(...)) before training.")
+            self._check_rows(splits, split, needed)
+        self._check_generation()
+        self.notes += self._system_prompt_notes(splits["train"])
         self.data_fingerprint = fingerprint(splits["train"], needed)  # resume checks it is the same data
+        self.notes += _duplicate_notes(splits, needed)
+
+    def _check_rows(self, splits, split: str, needed: list[str]) -> None:
+        """Every row of ``split`` can be trained on; else a DataError naming the rows in the user's file."""
+        ds = splits[split]
+        locate = RowLocator(splits, split)
+        # The other formats' columns, when the file has them: a row of another format says so.
+        others = [c for c in (self.settings.messages_column, self.settings.prompt_column,
+                              self.settings.completion_column, self.settings.text_column)
+                  if c in ds.column_names and c not in needed]
+        problems = []  # (position in the file, row, problem)
+        for i, row in enumerate(ds.select_columns(needed + others)):
+            problem = _row_problem(row, self.format, self.settings)
+            if problem:
+                problems.append((locate.position(i), i, problem))
+        count = len(problems)
+        bad = [f"{locate(i)}: {problem}" for _, i, problem in sorted(problems)[:CHECK_ROWS_SHOWN]]
+        if bad:
+            more = f" (and {count - len(bad)} more)" if count > len(bad) else ""
+            raise DataError(f"{count} of {len(ds)} {split} rows cannot be trained on: " + "; ".join(bad)
+                            + f"{more}.", "fix or drop those rows in the file (datasets: ds.filter(...)) "
+                            "before training.")
+
+    def _system_prompt_notes(self, ds) -> list[tuple[str, str]]:
+        """Where system_prompt goes in chat rows: first, in each conversation without a system message."""
+        s = self.settings
+        if not s.system_prompt:
+            return []
+        if self.format == "text":
+            raise ConfigError("system_prompt", s.system_prompt, "None for plain-text (text column) data",
+                              fix="remove system_prompt: text rows are trained as they are, with no chat "
+                                  "template to put a system message in; use messages or prompt/completion "
+                                  "rows to train with one.")
+
+        def has_system(value) -> bool:
+            return isinstance(value, list) and any(m["role"] == "system" for m in normalize_messages(value)[0])
+
+        own = sum(map(has_system, ds[s.messages_column if self.format == "messages" else s.prompt_column]))
+        text = (f"system_prompt is put first in {len(ds) - own} of {len(ds)} train conversations"
+                + (f"; {own} have a system message of their own, which is kept instead." if own else "."))
+        return [(text, "info")]
+
+    def _check_generation(self) -> None:
+        """eval_generate needs a prompt to answer and a reference answer: chat or pair rows."""
+        s = self.settings
+        if not s.eval_generate:
+            return
+        if self.format == "text":
+            raise ConfigError("eval_generate", s.eval_generate, "0 for plain-text (text column) data",
+                              fix="set eval_generate: 0: text rows have no prompt to answer and no reference "
+                                  "answer, so exact match cannot be measured (it would be nan); eval_loss "
+                                  "and eval_perplexity are reported as usual.")
+        if s.loss_on == "all":
+            raise ConfigError("eval_generate", s.eval_generate, "0 with loss_on='all'",
+                              fix="set eval_generate: 0, or loss_on: completion (exact match compares the "
+                                  "answer to the supervised tokens, which are every token with loss_on='all').")
+
+    def check_model(self, choice: ModelChoice) -> None:
+        """Settings that depend on the model's layers, checked on an empty (meta-device) copy of it
+        built from its config: no weights are read, so a wrong ``lora_target_modules`` is refused in
+        well under a second, before anything is written or loaded. Skipped when the config cannot
+        be read here (a hub id not cached, a .gguf not converted yet): the real load checks again."""
+        if self.settings.finetune == "full" or not self.settings.lora_target_modules:
+            return
+        try:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            config = AutoConfig.from_pretrained(str(choice.name_or_path), revision=choice.revision,
+                                                local_files_only=True)
+            with torch.device("meta"):
+                skeleton = AutoModelForCausalLM.from_config(config)
+        except Exception:  # noqa: BLE001 - any failure here is reported by the real load
+            return
+        lora.check_targets(skeleton, list(self.settings.lora_target_modules))
 
     def load_tokenizer(self, choice: ModelChoice):
         from transformers import AutoTokenizer
@@ -411,32 +625,52 @@ class CausalLMTask:
         self.end_ids.discard(None)
         if self.format is None:
             self.check_data(splits)
-        train, self.eval_dataset = (self._encode_split(splits[s], s, tokenizer, max_length)
+        train, self.eval_dataset = (self._encode_split(splits, s, tokenizer, max_length)
                                     for s in ("train", "validation"))
         return train, self.eval_dataset
 
-    def _encode_split(self, ds, split: str, tokenizer, max_length: int) -> CausalLMDataset:
-        settings, fmt = self.settings, self.format
-        all_ids, all_labels, dropped = [], [], 0
-        for row in ds:
-            if fmt == "text":
-                ids, labels = encode_text(tokenizer, row[settings.text_column], max_length=max_length,
-                                          end_ids=self.end_ids)
-            else:
-                ids, labels = encode_chat(tokenizer, to_messages(row, fmt, settings), max_length=max_length,
-                                          loss_on=settings.loss_on, end_ids=self.end_ids)
+    def _encode_split(self, splits, split: str, tokenizer, max_length: int) -> CausalLMDataset:
+        settings, fmt, ds = self.settings, self.format, splits[split]
+        locate = RowLocator(splits, split)
+        all_ids, all_labels, dropped, cut = [], [], [], 0
+        for i, row in enumerate(ds):
+            try:
+                if fmt == "text":
+                    ids, labels = encode_text(tokenizer, row[settings.text_column], max_length=max_length,
+                                              end_ids=self.end_ids)
+                else:
+                    ids, labels = encode_chat(tokenizer, to_messages(row, fmt, settings), max_length=max_length,
+                                              loss_on=settings.loss_on, end_ids=self.end_ids)
+            except TemplateProblem as exc:
+                raise TemplateProblem(f"{exc.message} (first seen on {locate(i)})", exc.fix) from None
+            except Exception as exc:  # jinja2's TemplateError, raise_exception() in the template...
+                if "jinja" not in type(exc).__module__ and "TemplateError" not in type(exc).__name__:
+                    raise
+                raise DataError(f"The chat template fails on {locate(i)}: {exc}",
+                                "fix that row (many templates require user/assistant turns to alternate and "
+                                "allow one system message, first), or use another chat_template.") from None
             if all(t == IGNORE for t in labels[1:]):
-                dropped += 1  # the answer lies beyond max_length: a row with no loss teaches nothing
+                dropped.append(i)  # the answer lies beyond max_length: a row with no loss teaches nothing
                 continue
+            # Cut inside an answer: the end-of-turn token is gone, the model never learns to stop there.
+            cut += fmt != "text" and len(ids) == max_length and labels[-1] not in (IGNORE, *self.end_ids)
             all_ids.append(ids)
             all_labels.append(labels)
-        self.dropped[split] = dropped
+        self.dropped[split] = len(dropped)
         if not all_ids:
             raise DataError(f"Every row of the {split} split loses its answer to truncation at "
-                            f"max_length={max_length} tokens.", "raise max_length.")
+                            f"max_length={max_length} tokens (e.g. {locate(dropped[0])}).",
+                            "raise max_length, or shorten the prompts.")
         if dropped:
-            warnings.warn(f"{dropped} of {len(ds)} {split} rows were dropped: their answer starts after "
-                          f"max_length={max_length} tokens (raise max_length to keep them).", stacklevel=2)
+            where = ", ".join(locate(i) for i in sorted(dropped, key=locate.position)[:CHECK_ROWS_SHOWN])
+            self.notes.append((f"{len(dropped)} of {len(ds)} {split} rows were left out: their answer starts "
+                               f"after max_length={max_length} tokens ({where}{', ...' if len(dropped) > 3 else ''}"
+                               "). Raise max_length to keep them.", "warn"))
+        if cut and cut * 2 >= len(all_ids):
+            share = "every" if cut == len(all_ids) else f"{cut} of {len(all_ids)}"
+            self.notes.append((f"{share} {split} answer is cut at max_length={max_length} tokens before its "
+                               "end-of-turn token: the model learns to start answers but not to stop them. "
+                               f"Raise max_length (longest row here: {max(map(len, all_ids))}+ tokens).", "warn"))
         return CausalLMDataset(all_ids, all_labels)
 
     def collator(self, tokenizer):
@@ -467,6 +701,8 @@ class CausalLMTask:
             kwargs["dtype"] = _half_dtype()
         model = load_pretrained(AutoModelForCausalLM, choice, **kwargs)
         self.model_name = choice.name_or_path
+        head = model.get_output_embeddings()
+        self.vocab_size = int(head.weight.shape[0]) if head is not None else getattr(model.config, "vocab_size", None)
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
         if checkpointing:
@@ -628,6 +864,10 @@ class CausalLMTask:
             lora.load_adapter_state(model, state)
             return
         load_full_state(model, state, "resume with the model and finetune setting the run was started with.")
+
+    def num_classes(self) -> int | None:
+        """The vocabulary the LM head predicts over (its output size, padding rows included)."""
+        return self.vocab_size
 
     def identity(self) -> dict:
         """Facts that make a run this run, for the run record (and a resume check)."""

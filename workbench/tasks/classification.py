@@ -139,6 +139,12 @@ class ClassificationTask:
     def finish(self, model_dir: Path, write_dir) -> list[tuple[str, str]]:
         return []
 
+    def check_model(self, choice: ModelChoice) -> None:
+        """Nothing depends on the model's layers here: the head is made for the labels."""
+
+    def num_classes(self) -> int | None:
+        return len(self.labels.names) if self.labels else None
+
     def identity(self) -> dict:
         return {"task": self.name, "text_columns": list(self.text_columns), "label_column": self.label_column,
                 "labels": list(self.labels.names), "data_fingerprint": self.data_fingerprint}

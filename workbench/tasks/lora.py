@@ -56,11 +56,32 @@ def linear_target_names(model: nn.Module) -> list[str]:
 
 def check_targets(model: nn.Module, targets: list[str]) -> None:
     """Every requested target name matches at least one module, or a ConfigError listing the choices."""
-    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name}
-    missing = [t for t in targets if t not in leaves]
+    from transformers.pytorch_utils import Conv1D
+
+    adaptable = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention, Conv1D)
+    kinds: dict[str, set[str]] = {}  # leaf name -> class names of the modules so named
+    for name, module in model.named_modules():
+        if name:
+            kinds.setdefault(name.rsplit(".", 1)[-1], set()).add(type(module).__name__)
+    missing = [t for t in targets if t not in kinds]
     if missing:
         raise ConfigError("lora_target_modules", missing,
-                          "names of linear layers of this model: " + ", ".join(linear_target_names(model)))
+                          "names of linear layers of this model: " + ", ".join(linear_target_names(model)),
+                          fix="use some of those names, or leave lora_target_modules unset (every linear "
+                              "layer but the head).")
+    # peft adapts only these layer types; anything else (a norm, an activation, a whole block)
+    # would end in peft's ValueError traceback after the model has loaded.
+    wrong = {}
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in targets and not isinstance(module, adaptable):
+            wrong.setdefault(leaf, type(module).__name__)
+    if wrong:
+        described = ", ".join(f"{leaf!r} is a {kind}" for leaf, kind in wrong.items())
+        raise ConfigError("lora_target_modules", list(wrong),
+                          "names of linear layers of this model: " + ", ".join(linear_target_names(model)),
+                          fix=f"{described}, which LoRA cannot adapt (it adapts Linear, Embedding and Conv "
+                              "layers); name linear layers from the list, or leave lora_target_modules unset.")
 
 
 def require_qlora_support() -> None:

@@ -251,7 +251,7 @@ class ChatDataView(widgets.VBox):
     def set_rows(self, ds) -> None:
         """New data: offer its columns, take what ``find_chat_columns`` recognises, render."""
         self.rows = ds
-        names = list(ds.column_names)
+        names = [n for n in ds.column_names if n != "__workbench_row__"]  # load_splits' file-row index
         found = find_chat_columns(ds) or {}
         with self.hold_trait_notifications():
             for name, box in self.column_boxes.items():

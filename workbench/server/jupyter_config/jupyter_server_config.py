@@ -12,6 +12,8 @@
 # Environment variables read here:
 #   JUPYTER_TOKEN            the token (>= 32 characters, 16+ different ones); removed from the
 #                            environment once read, so kernels and terminals never see it
+#                            (`workbench lab` passes it through a pipe, WORKBENCH_TOKEN_FD, so
+#                            that it is not in the server's /proc/PID/environ either)
 #   JUPYTER_TOKEN_FILE       a file holding the token, readable only by its owner (chmod 600)
 #   WORKBENCH_PASSWORD_HASH  a hashed password (jupyter_server.auth.passwd()) instead of / beside a token
 #                            (none of the three: a token is generated and printed once with the URL)
@@ -75,6 +77,11 @@ with guard.refuse_to_start_on_error():
     c.ServerApp.local_hostnames = floor.local_hostnames()
     # Every endpoint needs authentication unless it is explicitly public (login, static files).
     c.ServerApp.allow_unauthenticated_access = False
+
+    # Kernels start with -P: an ipykernel_launcher.py planted next to a notebook does not run
+    # as the kernel; the notebook's folder is put back on sys.path after the standard library
+    # once the kernel is up, so notebooks still import their helper modules (server/kernels.py).
+    c.ServerApp.kernel_spec_manager_class = "workbench.server.kernels.SafePathKernelSpecManager"
 
     # --- behaviour ----------------------------------------------------------------------
     c.ServerApp.open_browser = False
