@@ -70,9 +70,22 @@ def lab(tmp_path_factory):
     (notification / "notification.jupyterlab-settings").write_text(
         '{"fetchNews": "false", "checkForUpdates": false}'
     )
+    _tensorboard_run(workspace / "outputs" / "lr-2e-05")
     server = start_lab(tmp, workspace)
     yield server
     server.stop()
+
+
+def _tensorboard_run(folder: Path) -> None:
+    """A run's scalars as the engine writes them (events.jsonl and tensorboard/)."""
+    from workbench.engine.events import EventLog
+
+    with EventLog(folder, tensorboard=True) as log:
+        log.write("start", total_steps=3, config={})
+        for step in (1, 2, 3):
+            log.write("train", step=step, loss=1.0 / step, lr=2e-5)
+        log.write("eval", step=3, eval_loss=0.4, eval_accuracy=0.875)
+        log.write("end", status="completed", step=3, metrics={})
 
 
 def _screenshot(page, name: str) -> Path:
@@ -158,3 +171,24 @@ def test_without_token_the_login_form_shows(chromium, lab):
     finally:
         page.close()
         context.close()
+
+
+def test_tensorboard_opens_through_the_lab_and_shows_a_runs_scalars(chromium, lab):
+    """/tensorboard/ on the lab's own port, with the lab's token: TensorBoard (started on first
+    use by server/tensorboard.py) lists the run in outputs/ and draws its scalars."""
+    import requests
+
+    info = requests.get(f"{lab.url}/server-proxy/servers-info", params={"token": lab.token}, timeout=30).json()
+    assert [p["launcher_entry"]["title"] for p in info["server_processes"]] == ["TensorBoard"]  # the tile
+    page = chromium.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{lab.url}/tensorboard/?token={lab.token}#timeseries", timeout=TIMEOUT_MS)
+        page.wait_for_selector("text=lr-2e-05", timeout=TIMEOUT_MS)  # the run, found under outputs/
+        for tag in ("train/loss", "eval/accuracy"):
+            page.wait_for_selector(f"text={tag}", timeout=TIMEOUT_MS)
+        # A scalar card draws its line (TensorBoard 2.x: a canvas or SVG chart in each card).
+        page.wait_for_selector("card-view canvas, card-view svg path, .line-chart canvas", timeout=TIMEOUT_MS)
+        page.wait_for_selector("text=0.875", timeout=TIMEOUT_MS)  # eval/accuracy's value, read from the files
+    finally:
+        _screenshot(page, "tensorboard.png")
+        page.close()

@@ -16,6 +16,7 @@ from workbench.errors import ConfigError
         ("best_metric", "bleu", "accuracy | f1 | loss (for task classification)"),
         ("warmup_ratio", 1.5, "[0, 1)"),
         ("num_workers", -1, "non-negative"),
+        ("eval_before_training", "yes", "true or false"),
     ],
 )
 def test_bad_value_names_field_and_allowed(field, value, allowed):
@@ -148,3 +149,10 @@ def test_train_cli_set_reads_exponent_floats(tmp_path):
     path.write_text(GOOD, encoding="utf-8")
     args = argparse.Namespace(config=str(path), set=["train.learning_rate=5e-5"], output_dir=None)
     assert load_spec(args).train.learning_rate == 5e-5
+
+
+def test_eval_before_training_is_a_yaml_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  eval_before_training: true\n  max_steps: 4\n")
+    assert RunSpec.load(path).train.eval_before_training is True
+    assert TrainConfig().eval_before_training is False

@@ -157,6 +157,22 @@ PROBES: dict[str, Probe] = {
     "origin_with_path": Probe("GET", "/api/contents?token={T}", 403, {"Origin": "http://127.0.0.1:{port}/x"}),
     "origin_other_port": Probe("GET", "/api/contents?token={T}", 403, {"Origin": "http://127.0.0.1:1"}),
     "origin_unauthenticated_api": Probe("GET", "/api", 403, {"Origin": EVIL}),
+    # --- TensorBoard through jupyter-server-proxy (server/tensorboard.py) ---------------------------
+    # Only the named TensorBoard route exists: no tunnel to other local ports, even with the token
+    # (here it would reach this very server's API; elsewhere a database or a metadata endpoint).
+    "open_proxy_local_port": Probe("GET", "/proxy/{port}/api/contents?token={T}", 404),
+    "open_proxy_absolute_port": Probe("GET", "/proxy/absolute/{port}/api/contents?token={T}", 404),
+    "open_proxy_host_port": Probe("GET", "/proxy/127.0.0.1:{port}/api/contents?token={T}", 404),
+    "open_proxy_localhost_port": Probe("GET", "/proxy/localhost:{port}/api/contents?token={T}", 404),
+    "tensorboard_no_token": Probe("GET", "/tensorboard/", 302, redirect="/login"),
+    "tensorboard_wrong_token": Probe("GET", f"/tensorboard/?token={WRONG}", 302, redirect="/login"),
+    "tensorboard_api_no_token": Probe("GET", "/tensorboard/data/runs", 302, redirect="/login"),
+    "tensorboard_post_no_token": Probe("POST", "/tensorboard/data/plugin/scalars/scalars_multirun", 403,
+                                       body="{}"),
+    "tensorboard_cross_origin_with_token": Probe("GET", "/tensorboard/?token={T}", 403, {"Origin": EVIL}),
+    "tensorboard_cross_origin_cookie": Probe("POST", "/tensorboard/data/plugin/scalars/scalars_multirun", 403,
+                                             {"Origin": EVIL}, body="{}", cookie_session=True),
+    "tensorboard_servers_info_no_token": Probe("GET", "/server-proxy/servers-info", 302, redirect="/login"),
     # --- open redirects after login -----------------------------------------------------------
     "next_protocol_relative": Probe("GET", "/login?next=//evil.example&token={T}", 302, redirect="same server"),
     "next_absolute": Probe("GET", "/login?next=https://evil.example/&token={T}", 302, redirect="same server"),

@@ -42,8 +42,8 @@ def _parameters(nb: dict) -> dict:
     return values
 
 
-def test_all_six_notebooks_are_there():
-    assert [p.stem[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04", "05"]
+def test_all_seven_notebooks_are_there():
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04", "05", "06"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -110,6 +110,17 @@ def _assert_nothing_trained(out):
     assert not (out / "events.jsonl").exists()
 
 
+def test_eval_before_training_records_step_0_and_never_keeps_it_as_best(tiny_bert, small_data, tmp_path):
+    out = tmp_path / "run"
+    result = _quick(tiny_bert, small_data, out, max_steps=4, eval_every=2, eval_before_training=True)
+    evals = _events(result, "eval")
+    assert [e["step"] for e in evals] == [0, 2, 4]
+    assert set(evals[0]) >= {"eval_loss", "eval_accuracy", "eval_f1"}
+    assert json.loads((out / "best" / "best.json").read_text())["step"] in (2, 4)
+    resumed = _quick(tiny_bert, small_data, out, max_steps=6, eval_every=2, eval_before_training=True)
+    assert [e["step"] for e in _events(resumed, "eval")] == [6]  # a resume does not evaluate step 0 again
+
+
 def test_unknown_eval_label(tiny_bert, tmp_path):
     data = make_dataset(32, 8)
     data["validation"] = Dataset.from_dict({"text": ["so so"], "label": ["neutral"]})

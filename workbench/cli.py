@@ -1,4 +1,4 @@
-"""`workbench doctor | lab | train | watch | regress`: a thin map onto library functions.
+"""`workbench doctor | lab | train | watch | runs | sweep | regress`: a thin map onto library functions.
 
 Each subcommand lives in the module that does the work, which provides
 ``add_arguments(parser)`` and ``run_cli(args) -> int``. Only the chosen
@@ -20,6 +20,8 @@ SUBCOMMANDS = {
     "lab": ("workbench.server.lab", "start a token-protected JupyterLab with the workbench"),
     "train": ("workbench.engine.train_cli", "fine-tune from a parameter file (works under torchrun)"),
     "watch": ("workbench.engine.watcher", "follow a run's progress from its event log"),
+    "runs": ("workbench.engine.runs", "a table of every run under a folder (status, metrics, differing settings)"),
+    "sweep": ("workbench.sweep.cli", "run a notebook once per combination of settings (here, or as a Slurm array)"),
     "regress": ("workbench.notebook_regression.cli", "run the notebooks headless and compare metrics with baselines"),
 }
 

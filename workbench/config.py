@@ -148,6 +148,7 @@ class TrainConfig:
     max_length: int = 256  # tokens; longer texts are truncated
     group_by_length: bool = True  # batch similar lengths together: less padding
     eval_every: int | None = None  # optimizer steps; None = at the end of each epoch
+    eval_before_training: bool = False  # evaluate at step 0 too: the curves show where the run started
     save_every: int | None = None  # optimizer steps; None = at the end of each epoch
     log_every: int = 10  # optimizer steps between event-log lines
     keep_checkpoints: int = 2  # newest K step checkpoints are kept (plus the best)
@@ -199,6 +200,8 @@ class TrainConfig:
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
         _check_positive("log_every", self.log_every)
+        if not isinstance(self.eval_before_training, bool):
+            raise ConfigError("eval_before_training", self.eval_before_training, "true or false")
         _check_positive("keep_checkpoints", self.keep_checkpoints)
         if self.task not in TASKS:
             raise ConfigError("task", self.task, " | ".join(TASKS))

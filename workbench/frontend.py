@@ -1,5 +1,5 @@
-"""What people call in notebooks: ``fit``, ``fit_distributed`` and ``watch`` with the
-view chosen for where the call runs.
+"""What people call in notebooks: ``fit``, ``fit_distributed``, ``watch``, ``runs`` and ``sweep``
+with the view chosen for where the call runs.
 
 The engine (``workbench.engine.train``) and the log follower (``workbench.engine.watcher``) are
 headless and take any listener; this module picks one: in a kernel someone looks at,
@@ -92,3 +92,41 @@ def watch(output_dir: str | os.PathLike, mode: str = "auto", *, follow: bool = T
 
     view = make_view(mode, save_chart=False, stream=stream)
     return watcher.watch(output_dir, view, follow=follow, poll_s=poll_s, wait_for_log_s=wait_for_log_s)
+
+
+def runs(root: str | os.PathLike = "outputs", mode: str = "auto"):
+    """Every run under ``root`` side by side (``workbench.engine.runs``): in a notebook someone
+    looks at, a widget (filter, sort, select runs -> overlaid curves, live for running ones);
+    elsewhere the RunsTable (printed as text, shown as HTML by papermill). Both have
+    ``.to_frame()``, the pandas DataFrame."""
+    from workbench.engine.runs import runs as read_runs
+
+    table = read_runs(root)
+    if progress.choose_mode(mode) == "notebook":
+        from workbench.widgets.runs import RunsBrowser
+
+        return RunsBrowser(table)
+    return table
+
+
+def sweep(notebook: str | os.PathLike, grid, *, mode: str = "auto", **kwargs):
+    """Run ``notebook`` once per combination of ``grid`` (``workbench.sweep.runner.sweep``); in a
+    notebook someone looks at, the sweep's runs table is shown and re-read as combinations start
+    and end. Returns the SweepResult (``.failed``, ``.runs()``)."""
+    from workbench.sweep import runner
+
+    if progress.choose_mode(mode) != "notebook":
+        return runner.sweep(notebook, grid, **kwargs)
+    from IPython.display import display
+
+    from workbench.widgets.runs import RunsBrowser
+
+    plan = runner.make_plan(notebook, grid, **{k: v for k, v in kwargs.items()
+                                               if k not in ("devices", "on_update", "log")})
+    plan.save()
+    from workbench.engine.runs import runs as read_runs
+
+    browser = RunsBrowser(read_runs(plan.root_path))
+    display(browser)
+    return runner.run_plan(plan, devices=kwargs.get("devices", "auto"), on_update=lambda _: browser.reload(),
+                           log=kwargs.get("log", print))

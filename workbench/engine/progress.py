@@ -281,6 +281,52 @@ def plot_history(history: RunHistory, figure=None):
     return fig
 
 
+def plot_runs(histories: dict[str, RunHistory], figure=None):
+    """Several runs' curves overlaid, the look of ``plot_history``: loss (train lines, eval dots
+    on the same colour) on the left, the eval metrics on the right. ``histories``: name -> run."""
+    from matplotlib.figure import Figure
+
+    fig = figure or Figure(figsize=(10, 3.6), layout="constrained")
+    fig.clear()
+    loss_ax, metric_ax = fig.subplots(1, 2)
+    metric_names = [k for k in ("eval_accuracy", "eval_f1", "eval_exact_match")
+                    if any(k in e for h in histories.values() for e in h.evals)]
+    colors = [f"C{i % 10}" for i in range(len(histories))]
+    for (name, history), color in zip(histories.items(), colors, strict=True):
+        if history.train_steps:
+            loss_ax.plot(history.train_steps, history.train_loss, color=color, linewidth=1.1, label=name)
+        eval_steps = [_step(e) for e in history.evals]
+        eval_loss = [e.get("eval_loss") for e in history.evals]
+        if any(is_number(v) for v in eval_loss):
+            loss_ax.plot(eval_steps, eval_loss, "o--", color=color, markersize=4,
+                         label=None if history.train_steps else name)
+        for name_, style in zip(metric_names, ("o-", "s--", "^:"), strict=False):
+            values = [e.get(name_) for e in history.evals]
+            if any(is_number(v) for v in values):
+                metric_ax.plot(eval_steps, values, style, color=color, markersize=4,
+                               label=f"{name} {name_[5:]}" if len(metric_names) > 1 else name)
+    loss_ax.set_title("loss (lines: train, dots: eval)")
+    loss_ax.set_xlabel("step")
+    metric_ax.set_title("eval " + ", ".join(n[5:] for n in metric_names) if metric_names else "eval metrics")
+    metric_ax.set_xlabel("step")
+    for ax in (loss_ax, metric_ax):
+        if ax.lines:
+            ax.legend(loc="best", fontsize=8)
+    if not metric_ax.lines:
+        metric_ax.text(0.5, 0.5, "no eval metric but the loss" if histories else "select runs",
+                       ha="center", va="center", transform=metric_ax.transAxes, color="gray")
+    running = sum(h.end is None and h.start is not None for h in histories.values())
+    fig.suptitle(f"{len(histories)} run(s)" + (f", {running} running" if running else ""), fontsize=10)
+    return fig
+
+
+def render_runs_png(histories: dict[str, RunHistory], figure=None) -> bytes:
+    fig = plot_runs(histories, figure)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    return buffer.getvalue()
+
+
 def _chart_title(history: RunHistory) -> str:
     total = f"/{history.total_steps}" if history.total_steps else ""
     title = f"step {history.step}{total} ({history.status})"

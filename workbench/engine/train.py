@@ -140,7 +140,7 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
                               "ReadWriteMany volume), the same path on each.")
     messages += _resume(run, resume_from) if resume_from is not None else []
     steps_per_epoch = math.ceil(run.batches_per_epoch / config.gradient_accumulation_steps)
-    run.log.write("start", total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
+    run.log.write("start", model=run.record.get("model"), total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
                   config=asdict(config), world_size=acc.num_processes, precision=run.precision,
                   device=str(acc.device), resumed_from_step=run.state.step,
                   label_names=run.task.identity().get("labels", []))
@@ -189,6 +189,8 @@ def _train(run: _Run) -> str:
     windows = batching.step_windows(run.train_loader, run.sampler, run.accelerator, run.state,
                                     run.config.gradient_accumulation_steps)
     run.model.train()  # from_pretrained returns a model in eval mode: dropout would be off
+    if cfg.eval_before_training and state.step == 0:  # not on a resume: step 0 is already in the log
+        _evaluate(run, candidate=False)
     run.last_log = (time.perf_counter(), state.step, 0)
     try:
         while state.step < run.total_steps:
@@ -352,7 +354,12 @@ def _message(run: _Run, text: str, level: str = "info") -> None:
         print(f"workbench: {text}", file=sys.stderr if level != "info" else sys.stdout, flush=True)
 
 
-def _evaluate(run: _Run) -> dict[str, float]:
+def _evaluate(run: _Run, candidate: bool = True) -> dict[str, float]:
+    """Evaluate, log an ``eval`` event, keep the weights in best/ when they beat the best so far.
+
+    ``candidate=False`` (the step-0 evaluation): logged like any other, never kept as best:
+    the untrained start is the baseline the run is measured against, not a result of it.
+    """
     acc, model, task = run.accelerator, run.model, run.task
     _check_losses(run)  # never evaluate (and maybe keep as best) weights a NaN loss has ruined
     # Eval batches start at twice the training micro-batch (no activations kept for a
@@ -381,6 +388,8 @@ def _evaluate(run: _Run) -> dict[str, float]:
     run.state.metrics = metrics
     run.log.write("eval", step=run.state.step,
                   epoch=round(run.state.epoch + run.state.batch_in_epoch / run.batches_per_epoch, 4), **metrics)
+    if not candidate:
+        return metrics
     value = metrics[f"eval_{run.config.selection_metric}"]
     best = run.state.best_value
     lower_is_better = run.config.selection_metric == "loss"

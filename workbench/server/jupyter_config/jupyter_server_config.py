@@ -31,7 +31,10 @@ c = get_config()  # noqa: F821 -- provided by traitlets when it runs this file
 # First, so that the final check runs even if a later line fails and someone
 # switches errors off. Listing it here (not in a jupyter_server_config.d file) keeps
 # the whole configuration in this one file.
-c.ServerApp.jpserver_extensions = {guard.GUARD_EXTENSION: True}
+# TensorBoard at /tensorboard/ through this server (server/tensorboard.py); jupyter-server-proxy's
+# own extension, which its package turns on, would also proxy /proxy/<port> to any local port.
+c.ServerApp.jpserver_extensions = {guard.GUARD_EXTENSION: True, "workbench.server.tensorboard": True,
+                                   "jupyter_server_proxy": False}
 
 with guard.refuse_to_start_on_error():
     # Nothing later (a user config file, the command line, jupyter_server_config.d)

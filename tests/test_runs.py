@@ -1,0 +1,225 @@
+"""workbench.runs / `workbench runs`: the table of real run folders made by tiny fits
+(completed, interrupted, failed, running, LoRA beside classification) and of broken ones
+(a truncated events.jsonl, checkpoints without run.json, a folder with no log), and the
+notebook widget (filter, sort, overlaid curves, a running run followed live)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from workbench import frontend
+from workbench.cli import main
+from workbench.engine import run_lock, runs
+from workbench.engine import train as engine_train
+from workbench.errors import TrainingError, WorkbenchError
+from workbench.sources.synthetic import make_dataset
+from workbench.sources.synthetic_llm import make_chat_dataset
+from workbench.tasks.classification import ClassificationTask
+
+QUICK = dict(batch_size=8, num_workers=0, max_length=64, log_every=1, warmup_ratio=0.0, eval_every=2)
+
+
+@pytest.fixture(scope="module")
+def outputs(tiny_bert, tiny_llama_dir, tmp_path_factory):
+    """outputs/ with one run of each kind, made by real fits; returns (root, seen while running)."""
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("table") / "outputs"
+    data = make_dataset(48, 16, seed=3)
+    fit = engine_train.fit
+    fit(str(tiny_bert), data, output_dir=str(root / "cls-a"), learning_rate=2e-3, max_steps=4, **QUICK)
+
+    seen = {}
+
+    def look_while_running(event):  # the run holds its lock: the table must say "running"
+        if event["kind"] == "train" and event["step"] == 2:
+            seen["status"] = runs.runs(root)["cls-b"].status
+
+    fit(str(tiny_bert), data, output_dir=str(root / "cls-b"), learning_rate=1e-3, max_steps=4,
+        listeners=[look_while_running], **QUICK)
+
+    def stop_at_3(event):
+        if event["kind"] == "train" and event["step"] == 3:
+            raise KeyboardInterrupt
+
+    result = fit(str(tiny_bert), data, output_dir=str(root / "stopped"), learning_rate=2e-3, max_steps=6,
+                 listeners=[stop_at_3], **QUICK)
+    assert result.status == "interrupted"
+
+    original = ClassificationTask.loss
+    calls = {"n": 0}
+
+    def nan_at_3(self, model, batch):
+        calls["n"] += 1
+        loss = original(self, model, batch)
+        return loss * float("nan") if calls["n"] == 3 else loss
+
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(TrainingError):
+        mp.setattr(ClassificationTask, "loss", nan_at_3)
+        fit(str(tiny_bert), data, output_dir=str(root / "nan"), learning_rate=2e-3, max_steps=6, **QUICK)
+
+    fit(str(tiny_llama_dir), make_chat_dataset(16, 8), output_dir=str(root / "llm" / "lora"), task="causal_lm",
+        finetune="lora", lora_r=4, lora_alpha=8, max_steps=2, batch_size=4, max_length=256, num_workers=0,
+        log_every=1, warmup_ratio=0.0, eval_every=2, learning_rate=1e-3)
+
+    # Broken copies of a completed run.
+    shutil.copytree(root / "cls-a", root / "broken" / "truncated")
+    log = root / "broken" / "truncated" / "events.jsonl"
+    data_bytes = log.read_bytes()
+    log.write_bytes(data_bytes[: int(len(data_bytes) * 0.6)])  # a kill in the middle of a line
+    shutil.copytree(root / "cls-a", root / "broken" / "no-record")
+    for record in (root / "broken" / "no-record" / "checkpoints").glob("*/run.json"):
+        record.unlink()
+    (root / "broken" / "no-log" / "checkpoints").mkdir(parents=True)
+    (root / "broken" / "garbage").mkdir()
+    (root / "broken" / "garbage" / "events.jsonl").write_bytes(b"\x00\xffnot json\n{\"half\": ")
+    return root, seen
+
+
+def test_every_kind_of_run_has_its_status(outputs):
+    root, seen = outputs
+    table = runs.runs(root)
+    status = {r.name: r.status for r in table}
+    assert status == {
+        "cls-a": "completed", "cls-b": "completed", "stopped": "interrupted", "nan": "failed",
+        "llm/lora": "completed", "broken/truncated": "interrupted", "broken/no-record": "completed",
+        "broken/no-log": "broken", "broken/garbage": "broken",
+    }
+    assert seen["status"] == "running"
+    assert "half-written" in table["broken/truncated"].problem
+    assert "no events.jsonl" in table["broken/no-log"].problem
+    assert "no start event" in table["broken/garbage"].problem
+
+
+def test_rows_hold_steps_best_metric_throughput_and_the_model(outputs, tiny_bert, tiny_llama_dir):
+    root, _ = outputs
+    table = runs.runs(root)
+    a, lora, stopped, nan = table["cls-a"], table["llm/lora"], table["stopped"], table["nan"]
+    assert (a.task, a.model, a.step, a.total_steps) == ("classification", str(tiny_bert), 4, 4)
+    assert a.best_metric == "eval_accuracy" and a.best_step in (2, 4)
+    assert a.best_value == max(e["eval_accuracy"] for e in a.history().evals)
+    assert set(a.metrics) == {"eval_loss", "eval_accuracy", "eval_f1"}
+    assert a.samples_per_s > 0 and a.duration_s > 0 and a.peak_gpu_mem_bytes is None  # CPU: not recorded
+    assert (lora.task, lora.model, lora.best_metric) == ("causal_lm", str(tiny_llama_dir), "eval_loss")
+    assert (stopped.step, stopped.total_steps) == (3, 6)
+    assert nan.step == 3
+    assert table["broken/no-record"].model == str(tiny_bert)  # from the start event
+
+
+def test_only_the_settings_that_differ_are_columns(outputs):
+    root, _ = outputs
+    table = runs.runs(root)
+    differ = table.differing_settings()
+    assert {"learning_rate", "task", "max_steps", "lora_r"} <= set(differ)
+    assert "output_dir" not in differ and "seed" not in differ and "log_every" not in differ
+    two = [table["cls-a"], table["cls-b"]]
+    assert table.differing_settings(two) == ["learning_rate"]
+    frame = table.to_frame()
+    assert frame.loc["cls-a", "learning_rate"] == 2e-3 and frame.loc["cls-b", "learning_rate"] == 1e-3
+    assert frame.loc["nan", "status"] == "failed"
+    assert "eval_accuracy" in frame.columns and "eval_loss" in frame.columns
+
+
+def test_a_held_lock_means_running_and_a_dead_holder_does_not(outputs, tmp_path):
+    root, _ = outputs
+    folder = tmp_path / "live"
+    shutil.copytree(root / "stopped", folder)
+    lock = run_lock.acquire(folder)
+    try:
+        assert runs.read_run(folder).status == "running"
+    finally:
+        lock.release()
+    assert runs.read_run(folder).status == "interrupted"
+    # A lock file left by a killed process (pid gone) is not a running run.
+    (folder / run_lock.LOCK_FILE).write_text(json.dumps({"pid": 2**22 + 7, "host": __import__("socket").gethostname()}))
+    assert runs.read_run(folder).status == "interrupted"
+
+
+def test_cli_prints_the_table_and_csv(outputs, capsys):
+    root, _ = outputs
+    assert main(["runs", str(root), "--sort", "best_value"]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0].split()
+    assert header[:3] == ["name", "status", "task"] and "learning_rate" in header
+    assert "broken/no-log: no events.jsonl" in out
+    assert main(["runs", str(root), "--csv"]) == 0
+    assert capsys.readouterr().out.startswith("name,status,")
+    assert main(["runs", str(root / "nowhere")]) == 2
+
+
+def test_a_log_in_another_json_layout_is_read_too(tmp_path):
+    events = [{"time": 1.0, "kind": "start", "total_steps": 2, "config": {"task": "classification"}},
+              {"time": 2.0, "kind": "train", "step": 2, "loss": 0.5},
+              {"time": 3.0, "kind": "end", "status": "completed", "step": 2, "metrics": {"eval_loss": 0.4}}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
+    run = runs.read_run(tmp_path)
+    assert (run.status, run.step, run.metrics, run.duration_s) == ("completed", 2, {"eval_loss": 0.4}, 2.0)
+
+
+def test_missing_folder_says_where_it_looked(tmp_path):
+    with pytest.raises(WorkbenchError, match="no folder"):
+        runs.runs(tmp_path / "nowhere")
+
+
+def test_frontend_returns_the_table_outside_a_notebook_and_the_widget_in_one(outputs):
+    from workbench.widgets.runs import RunsBrowser
+
+    root, _ = outputs
+    table = frontend.runs(root, mode="console")
+    assert isinstance(table, runs.RunsTable)
+    assert "<table" in table._repr_html_()
+    browser = frontend.runs(root, mode="notebook")
+    assert isinstance(browser, RunsBrowser) and len(browser.to_frame()) == len(table)
+    browser.close()
+
+
+# -- the notebook widget ------------------------------------------------------------------
+
+
+def test_widget_filters_sorts_and_overlays_the_selected_runs(outputs):
+    from workbench.widgets.runs import RunsBrowser
+
+    root, _ = outputs
+    browser = RunsBrowser(runs.runs(root))
+    browser.filter.value = "classification completed"
+    assert {r["name"] for r in browser.visible_rows()} == {"cls-a", "cls-b", "broken/no-record"}
+    browser.filter.value = ""
+    browser.sort.value, browser.descending.value = "step", True
+    steps = [r["step"] for r in browser.visible_rows()]
+    assert steps == sorted(steps, reverse=True)
+    assert "<table" in browser.grid.value and "learning_rate" in browser.grid.value
+    browser.select.value = ("cls-a", "llm/lora")
+    assert bytes(browser.chart.value).startswith(b"\x89PNG") and browser.redraws >= 1
+    assert browser.to_frame().shape[0] == len(browser.table)
+    browser.close()
+
+
+def test_widget_follows_a_running_run_live(outputs, tmp_path):
+    from workbench.widgets.runs import RunsBrowser
+
+    root, _ = outputs
+    folder = tmp_path / "outputs" / "live"
+    shutil.copytree(root / "stopped", folder)
+    log = folder / "events.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    log.write_text("".join(json.dumps(e) + "\n" for e in lines if e["kind"] != "end"))
+    lock = run_lock.acquire(folder)
+    browser = RunsBrowser(runs.runs(folder.parent), live_every_s=0.05)
+    try:
+        browser.select.value = ("live",)
+        assert browser._live is not None and browser._live.is_alive()
+        before = len(browser.table["live"].history().train_steps)
+        with log.open("a") as f:
+            f.write(json.dumps({"time": 1.0, "kind": "train", "step": 4, "loss": 0.5}) + "\n")
+        assert browser.refresh_running()
+        assert len(browser.table["live"].history().train_steps) == before + 1
+        assert browser.table["live"].step == 4
+    finally:
+        lock.release()
+    browser._live.join(timeout=60)  # one more re-read and redraw: seconds on busy cores
+    assert not browser._live.is_alive()  # nothing selected is running any more: the thread ends
+    assert browser.table["live"].status == "interrupted"
+    browser.close()

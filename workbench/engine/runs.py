@@ -1,0 +1,455 @@
+"""Every run under a folder, side by side: ``runs("outputs")`` -> a RunsTable; ``workbench runs DIR``.
+
+Read from the run folders only (no server, no database): a folder is a run when it holds
+``events.jsonl``, the lock of a run (``.workbench.lock``) or ``checkpoints/``. What a row
+shows comes from the event log (the ``start`` event's settings, the evals, the ``end``),
+the lock (a run whose holder is alive is *running*) and, for old logs, the checkpoint's
+``run.json`` (the model). A folder that cannot be read, or holds half a log, is a row that
+says so (status ``broken``, ``problem`` says why); it never breaks the table.
+
+Fast on purpose: a table of 200 runs of 1,000 events each is read in well under a
+second (``benchmarks/runs_table.py``), because train lines, the bulk of a log, are not
+parsed as JSON: the other kinds are found with ``bytes.find``, and of the train lines only
+the last of each part of the run and a sample of 15 (the median throughput) are decoded.
+The curves of a run (``Run.history()``) read the whole log, for the runs one looks at.
+
+No torch here, and no view: ``workbench.widgets.runs`` is the notebook table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.engine.events import EVENTS_FILE, read_events
+from workbench.engine.progress import RunHistory, format_bytes, format_duration, is_number
+from workbench.engine.run_lock import LOCK_FILE, read_holder
+from workbench.errors import WorkbenchError
+
+STATUSES = ("running", "completed", "interrupted", "failed", "broken")
+CHECKPOINTS = "checkpoints"  # = checkpoint.CHECKPOINTS (that module imports torch)
+RUN_RECORD = "run.json"
+# A run's own sub-folders: never searched for more runs.
+_RUN_PARTS = {CHECKPOINTS, "model", "best", "model_merged", "tensorboard"}
+# Settings that differ between any two runs and say nothing about the training.
+_NOT_SETTINGS = {"output_dir", "resume"}
+
+
+@dataclass
+class Run:
+    """One row of the table: what a run folder says about its run."""
+
+    path: Path
+    name: str  # the folder, relative to the table's root
+    status: str = "broken"  # running | completed | interrupted | failed | broken
+    task: str | None = None
+    model: str | None = None
+    step: int = 0  # optimizer steps done
+    total_steps: int | None = None
+    best_metric: str | None = None  # e.g. "eval_accuracy": the metric that picks the best model
+    best_value: float | None = None
+    best_step: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation
+    started: float | None = None  # unix time of the first start
+    duration_s: float | None = None  # time spent running, summed over resumes
+    samples_per_s: float | None = None  # mean over the logged intervals
+    peak_gpu_mem_bytes: int | None = None  # where recorded (CUDA runs)
+    settings: dict[str, Any] = field(default_factory=dict)  # the TrainConfig of the last start
+    problem: str | None = None  # why the folder is broken, or what is odd about it
+
+    def history(self) -> RunHistory:
+        """The run's curves (train loss, evals), read now: call again for a running run's new points."""
+        history = RunHistory()
+        for event in read_events(self.path):
+            history.add(event)
+        return history
+
+
+def read_run(path: str | os.PathLike, name: str | None = None) -> Run:
+    """The row of the run in ``path`` (status ``broken`` with ``problem`` set when it cannot be read)."""
+    path = Path(path)
+    run = Run(path=path, name=name or path.name)
+    try:
+        data = (path / EVENTS_FILE).read_bytes()
+    except FileNotFoundError:
+        data = None
+    except OSError as exc:
+        run.problem = f"cannot read {EVENTS_FILE}: {exc.strerror or exc}"
+        data = None
+    running, lock_note = _lock_state(path)
+    if data is not None:
+        _read_log(run, data)
+    elif run.problem is None:
+        run.problem = f"no {EVENTS_FILE} (a run that never started, or a copied folder)"
+    if run.model is None:
+        run.model = _model_from_checkpoint(path)
+    if running:
+        run.status = "running"
+        if lock_note:
+            run.problem = lock_note
+    return run
+
+
+def _read_log(run: Run, data: bytes) -> None:
+    end = data.rfind(b"\n") + 1
+    half_written = bool(data[end:].strip())  # the piece after the last newline
+    data = data[:end]
+    events, starts, unreadable = _scan(data)
+    problems = []
+    if unreadable:
+        problems.append(f"{unreadable} unreadable line(s) in {EVENTS_FILE}")
+    if not starts:
+        run.problem = "; ".join(problems + [f"{EVENTS_FILE} has no start event"
+                                            + (" (only half a line)" if half_written else "")])
+        return
+    first, start = events[starts[0]], events[starts[-1]]
+    config = start.get("config") if isinstance(start.get("config"), dict) else {}
+    run.settings = {k: v for k, v in config.items() if k not in _NOT_SETTINGS}
+    run.task = config.get("task")
+    run.model = start.get("model")
+    run.total_steps = start.get("total_steps") if isinstance(start.get("total_steps"), int) else None
+    run.started = first.get("time")
+
+    history = RunHistory()
+    for event in events[starts[0]:]:
+        if event.get("kind") in ("start", "eval", "end", "train"):
+            history.add(event)
+    run.step = history.step
+    ends_after_start = history.end is not None
+    if ends_after_start:
+        run.status = str(history.end.get("status", "broken"))
+        run.metrics = {k: v for k, v in (history.end.get("metrics") or {}).items() if is_number(v)}
+    else:
+        # No end after the last start and nobody holds the lock (checked by the caller):
+        # the process died (kill -9, a crashed kernel, a lost node). Resumable.
+        run.status = "interrupted"
+        problems.append("stopped without an end event (killed or crashed); run it again to resume")
+        if half_written:
+            problems.append(f"the last line of {EVENTS_FILE} is half-written")
+    if not run.metrics and history.evals:
+        run.metrics = {k: v for k, v in history.evals[-1].items() if k.startswith("eval_") and is_number(v)}
+    _best(run, config, history.evals)
+    run.duration_s = _duration(events, starts)
+    speeds = [e["samples_per_s"] for e in _sample_train_lines(data) if is_number(e.get("samples_per_s"))]
+    speeds = sorted(v for v in speeds if v > 0)
+    run.samples_per_s = speeds[len(speeds) // 2] if speeds else None
+    # torch's max_memory_allocated only grows within a process: each part's last train line has its peak.
+    memory = [e["gpu_mem_bytes"] for e in events if e.get("kind") == "train" and is_number(e.get("gpu_mem_bytes"))]
+    run.peak_gpu_mem_bytes = int(max(memory)) if memory else None
+    if problems:
+        run.problem = "; ".join(problems)
+
+
+_TRAIN = b'"kind": "train"'
+_READ_KINDS = (b"start", b"eval", b"end")  # checkpoint and message lines say nothing the table shows
+
+
+def _line_at(data: bytes, pos: int) -> tuple[int, bytes]:
+    begin = data.rfind(b"\n", 0, pos) + 1
+    return begin, data[begin:data.find(b"\n", pos)]
+
+
+def _scan(data: bytes) -> tuple[list[dict], list[int], int]:
+    """(events, indexes of the start events, unreadable lines) of a log without its half-written tail.
+
+    Train lines, the bulk of a log, are not decoded: start, eval and end lines are found with
+    ``bytes.find`` (C speed; a ``"kind": "x"`` inside a string value is escaped, so every
+    hit is a real key), plus the last train line before each start and at the end (where
+    each part stopped, its time, its peak memory)."""
+    if data and b'"kind": "' not in data:  # not the engine's layout (compact separators...): parse it all
+        events = [e for e in map(_decode, data.split(b"\n")) if e is not None]
+        unreadable = sum(1 for line in data.split(b"\n") if line.strip()) - len(events)
+        return events, [i for i, e in enumerate(events) if e["kind"] == "start"], unreadable
+    found: dict[int, bytes] = {}
+    for kind in _READ_KINDS:
+        needle = b'"kind": "' + kind + b'"'
+        pos = data.find(needle)
+        while pos >= 0:
+            begin, line = _line_at(data, pos)
+            found[begin] = line
+            pos = data.find(needle, begin + len(line) + 1)
+    decoded = {begin: _decode(line) for begin, line in found.items()}
+    unreadable_found = sum(e is None for e in decoded.values())
+    for begin in [b for b, e in decoded.items() if e is not None and e["kind"] == "start"] + [len(data)]:
+        pos = data.rfind(_TRAIN, 0, begin)
+        if pos >= 0:
+            train_begin, line = _line_at(data, pos)
+            if train_begin not in decoded:
+                decoded[train_begin] = _decode(line)
+    events, starts = [], []
+    for begin in sorted(decoded):
+        event = decoded[begin]
+        if event is None:
+            continue
+        if event["kind"] == "start":
+            starts.append(len(events))
+        events.append(event)
+    # Lines that are not events at all: neither a "kind" key, nor blank.
+    lines = data.count(b"\n") - data.count(b"\n\n") - data.startswith(b"\n")
+    return events, starts, max(lines - data.count(b'"kind": "'), 0) + unreadable_found
+
+
+def _sample_train_lines(data: bytes, count: int = 15) -> list[dict]:
+    """Up to ``count`` train events spread evenly through the log (the typical throughput)."""
+    sampled, size = {}, len(data)
+    for i in range(count):
+        pos = data.find(_TRAIN, size * i // count)
+        if pos < 0:
+            break
+        begin, line = _line_at(data, pos)
+        if begin not in sampled:
+            sampled[begin] = _decode(line)
+    return [e for e in sampled.values() if e is not None]
+
+
+def _decode(line: bytes) -> dict | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and isinstance(event.get("kind"), str) else None
+
+
+def _best(run: Run, config: dict, evals: list[dict]) -> None:
+    chosen = config.get("best_metric") or ("loss" if config.get("task") == "causal_lm" else "accuracy")
+    name = f"eval_{chosen}"
+    # Step 0 (eval_before_training) is the untrained start, never the best (as in fit).
+    scored = [(e[name], e.get("step")) for e in evals if is_number(e.get(name)) and e.get("step")]
+    if not scored:
+        return
+    lower_is_better = chosen == "loss"
+    value, step = (min if lower_is_better else max)(scored, key=lambda pair: pair[0])
+    run.best_metric, run.best_value, run.best_step = name, value, step
+
+
+def _duration(events: list[dict], starts: list[int]) -> float | None:
+    """Seconds between each start and the last event before the next one, summed (gaps between
+    an interruption and its resume do not count)."""
+    total = 0.0
+    bounds = [*starts, len(events)]
+    for begin, end in zip(bounds, bounds[1:], strict=False):
+        times = [e["time"] for e in events[begin:end] if is_number(e.get("time"))]
+        if times:
+            total += max(times) - times[0]
+    return total
+
+
+def _lock_state(path: Path) -> tuple[bool, str | None]:
+    """(running, note). A run holds ``.workbench.lock`` while it runs; the kernel drops the lock when
+    the process dies but the file stays, so the holder's pid says whether it is still alive."""
+    if not (path / LOCK_FILE).exists():
+        return False, None
+    holder = read_holder(path)
+    if not holder or not isinstance(holder.get("pid"), int):
+        # Written a moment after the lock is taken: a run that is starting.
+        return True, "the lock's record is not written yet (the run is starting) or unreadable"
+    if holder.get("host") != socket.gethostname():
+        return True, (f"held by a process on host {holder.get('host')}: assumed running "
+                      "(its liveness cannot be checked from here)")
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return False, None
+    except PermissionError:  # alive, another user's
+        return True, None
+    except OSError:
+        return False, None
+    return True, None
+
+
+def _model_from_checkpoint(path: Path) -> str | None:
+    """Logs written before the start event named the model: read it from the newest run.json."""
+    folder = path / CHECKPOINTS
+    try:
+        steps = sorted(p for p in folder.iterdir() if p.name.startswith("step-"))
+    except OSError:
+        return None
+    for step in reversed(steps):
+        try:
+            model = json.loads((step / RUN_RECORD).read_text(encoding="utf-8")).get("model")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(model, str):
+            return model
+    return None
+
+
+# -- finding runs ----------------------------------------------------------------------
+
+
+def find_run_folders(root: str | os.PathLike) -> list[Path]:
+    """Every run folder under ``root`` (``root`` itself included), sorted; a run's own
+    sub-folders (checkpoints, model, best, tensorboard) are not searched."""
+    root = Path(root)
+    found = []
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        names = {e.name for e in entries}
+        is_run = EVENTS_FILE in names or LOCK_FILE in names or CHECKPOINTS in names
+        if is_run:
+            found.append(folder)
+        for entry in entries:
+            if entry.name.startswith(".") or (is_run and entry.name in _RUN_PARTS):
+                continue
+            try:
+                if entry.is_dir():
+                    stack.append(Path(entry.path))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def runs(root: str | os.PathLike = "outputs") -> RunsTable:
+    """The table of every run under ``root`` (recursively), read from the run folders."""
+    root = Path(root)
+    if not root.is_dir():
+        raise WorkbenchError(f"There is no folder {root} to look for runs in.",
+                             "pass the folder your runs' output_dir are in (e.g. 'outputs'); "
+                             f"the current directory is {os.getcwd()}.")
+    rows = []
+    for folder in find_run_folders(root):
+        name = folder.relative_to(root).as_posix() if folder != root else folder.name
+        try:
+            rows.append(read_run(folder, name))
+        except Exception as exc:  # noqa: BLE001 — one odd folder must never break the table
+            rows.append(Run(path=folder, name=name, problem=f"unreadable: {type(exc).__name__}: {exc}"))
+    return RunsTable(root, rows)
+
+
+# -- the table -------------------------------------------------------------------------
+
+COLUMNS = ("name", "status", "task", "model", "step", "total_steps", "best_metric", "best_value",
+           "best_step", "duration_s", "samples_per_s", "peak_gpu_mem_bytes", "problem")
+
+
+class RunsTable:
+    """The runs under a folder: ``rows()``, ``to_frame()`` (pandas), ``str()`` a text table."""
+
+    def __init__(self, root: Path, runs: list[Run]):
+        self.root = Path(root)
+        self.runs = list(runs)
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def __iter__(self):
+        return iter(self.runs)
+
+    def __getitem__(self, name: str) -> Run:
+        for run in self.runs:
+            if run.name == name:
+                return run
+        raise KeyError(f"no run named {name!r} under {self.root}: the names are {[r.name for r in self.runs]}")
+
+    def differing_settings(self, runs: Iterable[Run] | None = None) -> list[str]:
+        """The settings whose values are not the same in every (readable) run: the ones worth a column."""
+        shown = [r for r in (self.runs if runs is None else runs) if r.settings]
+        keys = sorted({k for r in shown for k in r.settings})
+        return [k for k in keys if len({json.dumps(r.settings.get(k), sort_keys=True, default=str)
+                                        for r in shown}) > 1]
+
+    def rows(self, runs: Iterable[Run] | None = None) -> list[dict[str, Any]]:
+        """One dict per run: the fixed columns, the final eval metrics, then the differing settings."""
+        chosen = list(self.runs if runs is None else runs)
+        settings = self.differing_settings(chosen)
+        metric_names = sorted({k for r in chosen for k in r.metrics})
+        rows = []
+        for run in chosen:
+            row = {name: getattr(run, name) for name in COLUMNS}
+            row.update({name: run.metrics.get(name) for name in metric_names})
+            row.update({name: _cell(run.settings.get(name)) for name in settings})
+            rows.append(row)
+        return rows
+
+    def to_frame(self):
+        """A pandas DataFrame, one row per run, indexed by name."""
+        import pandas as pd
+
+        rows = self.rows()
+        frame = pd.DataFrame(rows, columns=list(rows[0]) if rows else list(COLUMNS))
+        return frame.set_index("name")
+
+    def format(self, sort: str | None = None) -> str:
+        """The table as aligned text (what ``workbench runs`` prints)."""
+        rows = self.rows()
+        if not rows:
+            return f"no runs under {self.root}"
+        if sort:
+            if sort not in rows[0]:
+                raise WorkbenchError(f"Cannot sort by {sort!r}: there is no such column.",
+                                     "use one of: " + ", ".join(rows[0]))
+            rows.sort(key=lambda r: (r[sort] is None, r[sort] if r[sort] is not None else 0))
+        columns = [c for c in rows[0] if c != "problem" and any(r[c] is not None for r in rows)]
+        cells = [[format_cell(c, r[c]) for c in columns] for r in rows]
+        widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(columns)]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(columns, widths, strict=True))]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+        notes = [f"{r['name']}: {r['problem']}" for r in rows if r["problem"]]
+        if notes:
+            lines += ["", *notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def __repr__(self) -> str:
+        counts = {s: sum(r.status == s for r in self.runs) for s in STATUSES}
+        shown = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        return f"RunsTable({str(self.root)!r}: {len(self.runs)} runs{': ' + shown if shown else ''})"
+
+    def _repr_html_(self) -> str:  # a papermill notebook, or a kernel without widgets
+        try:
+            return self.to_frame()._repr_html_()
+        except ImportError:
+            return f"<pre>{self.format()}</pre>"
+
+
+def _cell(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, (list, dict)) else value
+
+
+def format_cell(column: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if column == "duration_s":
+        return format_duration(value)
+    if column == "peak_gpu_mem_bytes":
+        return format_bytes(value)
+    if column == "samples_per_s":
+        return f"{value:.1f}"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+# -- CLI: `workbench runs DIR` ---------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("root", metavar="DIR", nargs="?", default="outputs",
+                        help="the folder to look for runs in, recursively (default: outputs)")
+    parser.add_argument("--sort", metavar="COLUMN", help="sort by this column (e.g. eval_accuracy, best_value)")
+    parser.add_argument("--csv", action="store_true", help="print CSV (every column) instead of the aligned table")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    table = runs(args.root)
+    if args.csv:
+        frame = table.to_frame()
+        if args.sort:
+            frame = frame.sort_values(args.sort)
+        print(frame.to_csv(), end="")
+    else:
+        print(table.format(sort=args.sort))
+    return 0
