@@ -58,6 +58,15 @@ def test_token_is_required(lab):
     assert wrong.request("/api/contents")[0] == 403
 
 
+def test_tensorboard_is_served_behind_the_token_only(lab):
+    """TensorBoard (server/tensorboard.py) on the lab's own port, never open: the image carries
+    tensorboard and jupyter-server-proxy, and the generic /proxy/<port> stays closed."""
+    status, body = lab.request("/tensorboard/", timeout=60)  # started on first use
+    assert status == 200 and b"TensorBoard" in body, body[:300]
+    assert lab.request("/tensorboard/data/runs", token=False)[0] in (302, 403)
+    assert lab.request("/proxy/6006/", token=True)[0] == 404
+
+
 def test_server_listens_where_the_docs_say(lab):
     """0.0.0.0 inside the container (WORKBENCH_IP; compose publishes it on 127.0.0.1 only)."""
     listening = lab.exec("cat", "/proc/net/tcp").stdout.splitlines()[1:]
