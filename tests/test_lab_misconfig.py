@@ -256,8 +256,12 @@ def _forked(jobs: dict[str, tuple[list[str], dict[str, str], Path]]) -> dict[str
             lab.private_config_dir(env["JUPYTER_CONFIG_DIR"])
         assert argv[1:4] == ["-P", "-m", "jupyterlab"], argv
         payload.append({"argv": argv[4:], "env": env, "log": str(log)})
+    # Not run from the checkout: the forkserver's own sys.path holds the checkout (PYTHONPATH), and
+    # its children inherit that list; were the checkout also their current folder, the guard
+    # would rightly see the current folder on the import path (floor.check_import_path).
     done = subprocess.run([sys.executable, str(FORKSERVER)], input=json.dumps(payload), capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          cwd=Path(jobs[names[0]][2]).parent)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout)
     outcome = {}

@@ -15,6 +15,9 @@ fsyncs every file, writes ``manifest.json`` (file names and sizes) last, renames
 the folder into place and fsyncs the parent. A crash or ``kill -9`` at any moment
 leaves either the previous checkpoints untouched or a dot-folder that is never
 chosen: only folders whose manifest matches their files count as valid.
+
+Why one module of ~500 lines: writing, checking and resuming a checkpoint share its layout
+and its atomic-folder rules; the final and best model folders use the same writer.
 """
 
 from __future__ import annotations

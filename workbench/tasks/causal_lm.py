@@ -35,9 +35,9 @@ carry loss (``logits_to_keep`` with a boolean mask: transformers gathers those
 hidden states before the head), through the model's own forward so that DDP,
 FSDP and peft hooks all run. The result equals ``model(**batch).loss``.
 
-Why one module of ~700 lines: one task, everything a causal LM needs from data to
-saved adapter (formats, chat template, loss mask, collator, LoRA wiring, evaluation);
-the next split is the data encoding apart from the task object.
+Why one module of ~900 lines: one task, everything a causal LM needs from data to
+saved adapter (formats and their checks, chat template, loss mask, collator, LoRA wiring,
+evaluation); the next split is the data encoding and its checks apart from the task object.
 """
 
 from __future__ import annotations
