@@ -42,6 +42,21 @@ def tiny_bert(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def trained_tiny_bert(tiny_bert, tmp_path_factory) -> Path:
+    """The tiny BERT fine-tuned on the generated sentiment task (accuracy 1.0 after 120 steps, ~2 s):
+    a model that already knows the task, for continued fine-tuning and for short runs that must
+    beat chance (a fresh tiny BERT sits at ln 2 for its first ~55 steps)."""
+    from workbench.engine.train import fit
+    from workbench.sources.synthetic import make_dataset
+
+    out = tmp_path_factory.mktemp("trained-bert") / "run"
+    result = fit(str(tiny_bert), make_dataset(320, 64, seed=5), output_dir=str(out), learning_rate=2e-3,
+                 batch_size=8, max_length=64, max_steps=120, warmup_ratio=0.1, num_workers=0, precision="fp32")
+    assert result.metrics["eval_accuracy"] >= 0.95, result.metrics
+    return result.model_dir
+
+
+@pytest.fixture(scope="session")
 def sentiment_data():
     """A generated, learnable sentiment task (DatasetDict: train 800 / validation 200)."""
     from workbench.sources.synthetic import make_dataset
@@ -50,4 +65,4 @@ def sentiment_data():
 
 
 # Causal-LM fixtures (smollm2_dir, tiny_llama_dir) live in their own module.
-from llm_fixtures import smollm2_dir, tiny_llama_dir  # noqa: E402, F401
+from llm_fixtures import smollm2_dir, tiny_llama_dir, trained_tiny_llama  # noqa: E402, F401

@@ -7,7 +7,8 @@ about a minute the first time, then the finished folder (recognised by the marke
 that the conversion writes last) is reused by every later run. ``tiny_llama_dir``
 is a 2-layer, hidden-64 random LlamaForCausalLM with SmolLM2's real tokenizer and
 chat template: the code paths of the real model at a fraction of the cost, for
-tests where the weights' knowledge does not matter.
+tests where the weights' knowledge does not matter; ``trained_tiny_llama`` is it after a
+short fine-tuning, for tests where it does (a run that can make a model worse).
 """
 
 from __future__ import annotations
@@ -60,3 +61,18 @@ def smollm2_dir() -> Path:
 def tiny_llama_dir(smollm2_dir, tmp_path_factory) -> Path:
     """A 2-layer, hidden-64 random Llama with SmolLM2's tokenizer and chat template."""
     return make_tiny_llama(smollm2_dir, tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def trained_tiny_llama(tiny_llama_dir, tmp_path_factory) -> Path:
+    """The tiny Llama after 24 full fine-tuning steps on generated chats (eval loss ~1.4, far below
+    ln(49152) = 10.8, ~4 s): like a pretrained model, it has something to lose."""
+    from workbench.engine.train import fit
+    from workbench.sources.synthetic_llm import make_chat_dataset
+
+    out = tmp_path_factory.mktemp("trained-llama") / "run"
+    result = fit(str(tiny_llama_dir), make_chat_dataset(64, 8), output_dir=str(out), task="causal_lm",
+                 finetune="full", learning_rate=2e-2, batch_size=8, max_length=160, num_workers=0,
+                 max_steps=24, warmup_ratio=0.1, precision="fp32")
+    assert result.metrics["eval_loss"] < 2.5, result.metrics
+    return result.model_dir

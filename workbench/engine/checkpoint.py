@@ -73,7 +73,13 @@ class TrainState:
     best_value: float | None = None
     best_step: int | None = None
     metrics: dict = field(default_factory=dict)  # last evaluation
-    start_loss: float | None = None  # the first step's loss: the divergence guard's reference
+    start_loss: float | None = None  # the training loss before the first update: the divergence guard's start
+    # The verdict's baselines (engine/verdict.py): the task's trivial ones, scored on the eval rows;
+    # the step-0 evaluation (eval_before_training) and the first evaluation, each with its "step".
+    baselines: dict = field(default_factory=dict)
+    base_metrics: dict = field(default_factory=dict)
+    first_metrics: dict = field(default_factory=dict)
+    best_refused_step: int | None = None  # the first evaluation kept out of best/ for not beating them
 
 
 # ------------------------------------------------------------------ atomic folders

@@ -114,6 +114,12 @@ class RunHistory:
         return "running" if self.start else "not started"
 
     @property
+    def verdict(self) -> dict | None:
+        """The ``end`` event's verdict (engine/verdict.py): did the run learn anything?"""
+        verdict = (self.end or {}).get("verdict")
+        return verdict if isinstance(verdict, dict) else None
+
+    @property
     def output_dir(self) -> str | None:
         config = (self.start or {}).get("config")
         return config.get("output_dir") if isinstance(config, dict) else None
@@ -213,7 +219,19 @@ def format_end_line(event: dict, history: RunHistory | None = None) -> str:
         parts.append(f"took {format_duration(event['time'] - started)}")
     metrics = event.get("metrics") or {}
     parts += [f"{k} {_num(v)}" for k, v in metrics.items() if is_number(v)]
-    return " | ".join(parts)
+    line = " | ".join(parts)
+    verdict = event.get("verdict")
+    if isinstance(verdict, dict) and verdict.get("text"):
+        line += f"\nverdict: {verdict['text']}"
+    return line
+
+
+VERDICT_LABELS = {"better": "learned", "no_better": "LEARNED NOTHING", "worse": "WORSE THAN BASELINE"}
+
+
+def verdict_label(verdict: dict | None) -> str | None:
+    """Two or three words for a title or a table cell (None without a verdict)."""
+    return VERDICT_LABELS.get((verdict or {}).get("outcome"))
 
 
 def format_event(event: dict, history: RunHistory | None = None) -> str | None:
@@ -329,7 +347,8 @@ def render_runs_png(histories: dict[str, RunHistory], figure=None) -> bytes:
 
 def _chart_title(history: RunHistory) -> str:
     total = f"/{history.total_steps}" if history.total_steps else ""
-    title = f"step {history.step}{total} ({history.status})"
+    label = verdict_label(history.verdict)
+    title = f"step {history.step}{total} ({history.status}{', ' + label if label else ''})"
     if history.end is None and history.last_train and is_number(history.last_train.get("eta_s")):
         title += f" | ETA {format_duration(history.last_train['eta_s'])}"
     return title

@@ -23,10 +23,34 @@ class FitResult:
     history: list[dict] = field(default_factory=list)  # the events of this call
     best_checkpoint: Path | None = None
     label_names: list[str] = field(default_factory=list)
+    # Did it learn anything? engine/verdict.py: "outcome" (better | no_better | worse | unknown),
+    # "metric", "value", "baseline", "baseline_value", "margin", "best_step", "text". None until
+    # the run completes.
+    verdict: dict | None = None
+
+    @property
+    def learned(self) -> bool | None:
+        """True when the final model beat its baseline, False when not, None when unknown."""
+        outcome = (self.verdict or {}).get("outcome")
+        return None if outcome in (None, "unknown") else outcome == "better"
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v:.4f}" for k, v in self.metrics.items())
-        return f"FitResult(status={self.status!r}, {shown}, model_dir={str(self.model_dir)!r})"
+        outcome = (self.verdict or {}).get("outcome")
+        said = f", verdict={outcome!r}" if outcome else ""
+        return f"FitResult(status={self.status!r}{said}, {shown}, model_dir={str(self.model_dir)!r})"
+
+
+def read_verdict(output_dir: str | os.PathLike) -> dict | None:
+    """The verdict of a run folder's last completed run (its ``end`` event), or None.
+
+    What a model card, a report or a script reads to say whether the model learned anything.
+    """
+    from workbench.engine.events import read_events
+
+    ends = [e for e in read_events(output_dir) if e.get("kind") == "end"]
+    verdict = ends[-1].get("verdict") if ends else None
+    return verdict if isinstance(verdict, dict) else None
 
 
 def result_from_disk(output_dir: str | os.PathLike) -> FitResult:
@@ -52,4 +76,4 @@ def result_from_disk(output_dir: str | os.PathLike) -> FitResult:
     return FitResult(output_dir=output_dir, model_dir=model_dir if model_dir.is_dir() else None,
                      status=status, metrics=ends[-1].get("metrics", {}) if ends else {}, history=events,
                      best_checkpoint=output_dir / BEST_DIR if (output_dir / BEST_DIR).is_dir() else None,
-                     label_names=labels)
+                     label_names=labels, verdict=ends[-1].get("verdict") if ends else None)

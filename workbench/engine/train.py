@@ -27,13 +27,14 @@ import torch
 
 from workbench.config import ModelChoice, TrainConfig
 from workbench.engine import batching, checkpoint, distributed, inputs, run_lock
-from workbench.engine.divergence import DivergenceGuard
+from workbench.engine.divergence import DivergenceGuard, measure_start
 from workbench.engine.events import EventLog
 from workbench.engine.memory import free_memory, with_halving
 from workbench.engine.optim import make_optimizer, make_scheduler
 from workbench.engine.precision import device_facts, resolve_precision
 from workbench.engine.results import BEST_DIR, MODEL_DIR, FitResult
 from workbench.engine.stopping import HARD_STOP_AFTER, StopRequest, stop_on_signals
+from workbench.engine.verdict import final_verdict, judge, reference
 from workbench.errors import CheckpointError, TrainingError
 from workbench.sources import gguf, model_checks
 from workbench.tasks import make_task
@@ -68,7 +69,9 @@ class _Run:
     samples: int = 0  # rows seen by this process since the start of this call
     rng_before_step: dict | None = None  # RNG states while a step is in progress
     eval_micro_batch: int = 0  # rows per eval forward pass (halved on out-of-memory)
-    guard: DivergenceGuard | None = None  # stops a run whose loss went to chance level (finite weights)
+    guard: DivergenceGuard | None = None  # stops a run whose loss went far above its start (finite weights)
+    train_dataset: Any = None  # the tokenized training rows and their collator: the guard measures
+    collate: Any = None  # the start on them (divergence.measure_start)
 
     @property
     def output_dir(self) -> Path:
@@ -139,11 +142,15 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
                               "put output_dir on a shared file system every node mounts (NFS, Lustre, a "
                               "ReadWriteMany volume), the same path on each.")
     messages += _resume(run, resume_from) if resume_from is not None else []
+    if run.guard.start is None:  # a fresh run: the training loss before any update (divergence.py)
+        run.guard.start = run.state.start_loss = measure_start(
+            acc, run.model, run.task, run.train_dataset, run.collate, run.state.micro_batch_size, config.seed)
     steps_per_epoch = math.ceil(run.batches_per_epoch / config.gradient_accumulation_steps)
     run.log.write("start", model=run.record.get("model"), total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
                   config=asdict(config), world_size=acc.num_processes, precision=run.precision,
                   device=str(acc.device), resumed_from_step=run.state.step,
-                  label_names=run.task.identity().get("labels", []))
+                  label_names=run.task.identity().get("labels", []),
+                  divergence={"start": run.guard.start, "bound": run.guard.limit, "window": run.guard.window})
     for text, level in messages:
         _message(run, text, level)
     try:
@@ -172,8 +179,11 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
                 finished = run.task.finish(model_dir, checkpoint.write_dir_atomically)
             for text, level in finished:
                 _message(run, text, level)
-        run.log.write("end", status="completed", step=run.state.step, metrics=run.state.metrics)
-        return _result(run, "completed", model_dir, history)
+        verdict = final_verdict(f"eval_{config.selection_metric}", run.state,
+                                best_written=(run.output_dir / BEST_DIR).is_dir())
+        _message(run, _verdict_message(run, verdict), "info" if verdict["outcome"] == "better" else "warn")
+        run.log.write("end", status="completed", step=run.state.step, metrics=run.state.metrics, verdict=verdict)
+        return _result(run, "completed", model_dir, history, verdict)
     except BaseException as exc:
         if not isinstance(exc, KeyboardInterrupt):  # stopped without saving: no more output
             run.log.write("message", text=str(exc), level="error")
@@ -324,11 +334,27 @@ def _check_divergence(run: _Run, partial: bool = False) -> None:
             "from before, if any." if good else "Nothing was saved from this run.")
     raise TrainingError(
         f"The loss diverged: from step {first} to {last} it stayed around {loss:.2f}, far above "
-        f"{run.guard.describe()}. The model now predicts no better than chance, so it is not saved as "
-        f"model/ or best/. {kept}",
-        f"lower learning_rate (it is {run.config.lr:g}; try {run.config.lr / 10:g}), keep warmup_ratio and max_grad_norm "
+        f"{run.guard.describe()}. The model is ruined (its loss is far worse than where it started), so "
+        f"it is not saved as model/ or best/. {kept}",
+        f"lower learning_rate ({_lower_rate(run.config)}), keep warmup_ratio and max_grad_norm "
         "set, and start again in a new output_dir (or delete this one's checkpoints): a rerun here resumes "
         "the diverged checkpoint.", step=last)
+
+
+def _lower_rate(config: TrainConfig) -> str:
+    """A learning rate to try instead: a tenth, or the task's default when the rate is far above it."""
+    default = dataclasses.replace(config, learning_rate=None).lr
+    if config.lr > 10 * default:
+        return f"it is {config.lr:g}; try the default, {default:g}"
+    return f"it is {config.lr:g}; try {config.lr / 10:g}"
+
+
+def _verdict_message(run: _Run, verdict: dict) -> str:
+    if verdict["outcome"] in ("better", "unknown"):
+        return verdict["text"]
+    return (f"{verdict['text']} What to try: a lower learning_rate ({_lower_rate(run.config)}), a longer run, "
+            "and a look at the data (labels that do not follow from the text teach nothing; a model that "
+            "predicts one class scores the majority-class baseline).")
 
 
 def _log_train(run: _Run) -> None:
@@ -386,18 +412,28 @@ def _evaluate(run: _Run, candidate: bool = True) -> dict[str, float]:
     model.train()
     metrics = {**run.task.metrics(outputs), **run.task.generation_metrics(model, run.tokenizer)}
     run.state.metrics = metrics
-    run.log.write("eval", step=run.state.step,
+    if hasattr(task, "baselines"):  # what a model that learned nothing scores here (engine/verdict.py)
+        run.state.baselines = task.baselines(outputs)
+    step = run.state.step
+    run.log.write("eval", step=step,
                   epoch=round(run.state.epoch + run.state.batch_in_epoch / run.batches_per_epoch, 4), **metrics)
     if not candidate:
+        run.state.base_metrics = {**metrics, "step": step}
         return metrics
-    value = metrics[f"eval_{run.config.selection_metric}"]
-    best = run.state.best_value
-    lower_is_better = run.config.selection_metric == "loss"
-    better = best is None or (value < best if lower_is_better else value > best)
-    diverged = run.guard.is_diverged_value(metrics.get("eval_loss", float("nan")))
-    if math.isfinite(value) and better and not diverged and checkpoint.weights_finite(acc, model):
-        run.state.best_value, run.state.best_step = value, run.state.step
-        _save_model(run, run.output_dir / BEST_DIR, extra={"step": run.state.step, "metrics": metrics})
+    run.state.first_metrics = run.state.first_metrics or {**metrics, "step": step}
+    name = f"eval_{run.config.selection_metric}"
+    value, best = metrics[name], run.state.best_value
+    better = best is None or (value < best if name == "eval_loss" else value > best)
+    baseline = reference(name, run.state, for_best=True)
+    beats_baseline = baseline is None or judge(name, value, baseline) == "better"
+    if math.isfinite(value) and better and beats_baseline and checkpoint.weights_finite(acc, model):
+        run.state.best_value, run.state.best_step = value, step
+        _save_model(run, run.output_dir / BEST_DIR, extra={"step": step, "metrics": metrics})
+    elif better and not beats_baseline and run.state.best_refused_step is None:
+        run.state.best_refused_step = step  # said once: every evaluation at the baseline would repeat it
+        _message(run, f"Evaluation at step {step}: {name} {value:.4g} is not better than {baseline['value']:.4g} "
+                      f"for {baseline['name']} ({baseline['detail']}), so it is not kept as best/; later "
+                      "evaluations are, once they beat it.", "warn")
     return metrics
 
 
@@ -428,12 +464,13 @@ def _resume(run: _Run, path: Path) -> list[tuple[str, str]]:
     return messages
 
 
-def _result(run: _Run, status: str, model_dir: Path | None, history: list[dict]) -> FitResult:
+def _result(run: _Run, status: str, model_dir: Path | None, history: list[dict],
+            verdict: dict | None = None) -> FitResult:
     best = run.output_dir / BEST_DIR
     return FitResult(output_dir=run.output_dir, model_dir=model_dir, status=status,
                      metrics=dict(run.state.metrics), history=history,
                      best_checkpoint=best if best.is_dir() else None,
-                     label_names=list(run.task.identity().get("labels", [])))
+                     label_names=list(run.task.identity().get("labels", [])), verdict=verdict)
 
 
 # ------------------------------------------------------------------------- set-up
@@ -481,8 +518,10 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: s
                 scheduler=scheduler, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
                 tokenizer=tokenizer, log=log, record=record, precision=precision, total_steps=total_steps,
                 batches_per_epoch=batches_per_epoch, state=checkpoint.TrainState(micro_batch_size=config.batch_size),
-                stop=stop, notes=notes, display=bool(listeners),
-                guard=DivergenceGuard(task.num_classes(), total_steps))
+                stop=stop, notes=notes, display=bool(listeners), train_dataset=train_ds, collate=collate,
+                guard=DivergenceGuard(task.num_classes(), total_steps, language_model=task.name == "causal_lm",
+                                      rows_per_step=config.batch_size * config.gradient_accumulation_steps
+                                      * accelerator.num_processes))
 
 
 def _close(run: _Run) -> None:

@@ -59,6 +59,11 @@ class Task(Protocol):
     def generation_metrics(self, model, tokenizer) -> dict[str, float]:
         """Metrics that need generation (a language model's exact match); {} when off or none."""
 
+    # Optional: ``baselines(outputs) -> {"rows": n, "baselines": [{"name", "detail", "metrics"}]}``,
+    # what models that learned nothing score on these eval outputs (a classifier: chance and the
+    # majority class). The run's verdict (engine/verdict.py) is judged against them; a task
+    # without it (a language model) is judged against the base model's evaluation.
+
     def model_state(self, model) -> dict[str, torch.Tensor]:
         """The weights a checkpoint must hold (an adapter's only, for LoRA)."""
 

@@ -26,7 +26,7 @@ from workbench.tasks.base import (
     load_full_state,
     load_pretrained,
 )
-from workbench.tasks.metrics import classification_metrics
+from workbench.tasks.metrics import classification_metrics, trivial_baselines
 
 
 class ClassificationTask:
@@ -38,6 +38,7 @@ class ClassificationTask:
         self.labels: classification_data.LabelMapping | None = None
         self.notes: list[tuple[str, str]] = []  # (text, level) from loading, logged after "start"
         self._sample_texts: list[str] = []  # to check the tokenizer against the model
+        self.train_label_counts: list[int] = []  # per class id, from check_data
 
     # -- data ---------------------------------------------------------------------
     def check_data(self, splits) -> None:
@@ -49,6 +50,11 @@ class ClassificationTask:
             check_split(splits.get(split), split, self.text_columns, self.label_column, min_classes=min_classes)
         self._sample_texts = model_checks.sample_texts(splits["train"], self.text_columns)
         self.labels = classification_data.build_label_mapping(splits["train"], splits["validation"], self.label_column)
+        # How often each class is a training label: the majority-class baseline of the run's verdict.
+        value_to_id, counts = self.labels.value_to_id(), [0] * len(self.labels.names)
+        for value in splits["train"][self.label_column]:
+            counts[value_to_id[value]] += 1
+        self.train_label_counts = counts
         self.data_fingerprint = fingerprint(splits["train"], (*self.text_columns, self.label_column))
 
     def datasets(self, splits, tokenizer, max_length: int, model=None):
@@ -120,6 +126,11 @@ class ClassificationTask:
 
     def generation_metrics(self, model, tokenizer) -> dict[str, float]:
         return {}
+
+    def baselines(self, outputs: list[tuple[torch.Tensor, ...]]) -> dict:
+        """Chance and the training labels' majority class, scored on these eval rows (the verdict's bar)."""
+        labels = torch.cat([parts[2] for parts in outputs])
+        return trivial_baselines(labels, self.train_label_counts, self.labels.names)
 
     # -- saving ---------------------------------------------------------------------
     def model_state(self, model) -> dict[str, torch.Tensor]:

@@ -55,3 +55,32 @@ def classification_metrics(predictions, labels, num_labels: int, loss: float) ->
         "eval_accuracy": accuracy(predictions, labels),
         "eval_f1": macro_f1(predictions, labels, num_labels),
     }
+
+
+def trivial_baselines(labels, train_counts, names) -> dict:
+    """What two models that learned nothing score on these (validation) labels.
+
+    ``chance``: a uniform guess over the classes (the expected accuracy and macro-F1 of
+    guessing at random; the loss ln(C)). ``majority``: always the most frequent class of the
+    *training* labels ``train_counts`` (what a collapsed model predicts), with the loss of
+    predicting the training labels' shares. Returns ``{"rows": n, "baselines": [...]}``,
+    each baseline a ``{"name", "detail", "metrics"}`` with the eval_* fields of
+    :func:`classification_metrics`.
+    """
+    labels = _as_numpy(labels).astype(np.int64)
+    num_labels = len(names)
+    counts = np.asarray(train_counts, dtype=np.float64)
+    shares = np.bincount(labels, minlength=num_labels).astype(np.float64) / max(labels.size, 1)
+    chance_f1 = 2 * shares / (num_labels * shares + 1)  # per class: precision = share, recall = 1/C
+    majority = int(counts.argmax())
+    prior = counts / counts.sum()
+    prior_loss = float(-np.log(np.maximum(prior[labels], 1e-12)).mean()) if labels.size else float("nan")
+    top = f"{100 * prior[majority]:.0f}% of the training labels"
+    return {"rows": int(labels.size), "baselines": [
+        {"name": "chance", "detail": f"a uniform guess over {num_labels} labels",
+         "metrics": {"eval_loss": float(np.log(num_labels)), "eval_accuracy": 1.0 / num_labels,
+                     "eval_f1": float(chance_f1.mean())}},
+        {"name": "the majority class", "detail": f"always '{names[majority]}', {top}",
+         "metrics": {"eval_loss": prior_loss, "eval_accuracy": float(shares[majority]),
+                     "eval_f1": macro_f1(np.full(labels.size, majority), labels, num_labels)}},
+    ]}
