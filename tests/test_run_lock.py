@@ -143,3 +143,36 @@ def test_lock_file_without_a_record_is_still_a_lock(tmp_path):
     lock = run_lock.acquire(out)
     assert "unknown process" in lock.note
     lock.release()
+
+
+def test_the_probe_asks_the_lock_not_the_pid(tmp_path):
+    out = tmp_path / "run"
+    assert run_lock.probe(out) is False  # no folder, no lock file: nobody
+    holder = _start_holder(out)
+    try:
+        assert run_lock.probe(out) is True
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    # The record still names the dead process (kill -9 releases nothing but the flock): not held.
+    assert json.loads((out / run_lock.LOCK_FILE).read_text())["pid"] == holder.pid
+    assert run_lock.probe(out) is False
+
+
+def test_a_probe_at_the_moment_a_run_starts_never_refuses_it(tmp_path, monkeypatch):
+    """The probe's shared lock lasts microseconds; acquire waits that out instead of calling the folder taken."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / run_lock.LOCK_FILE).write_text("")
+    reader = os.open(out / run_lock.LOCK_FILE, os.O_RDONLY)
+    fcntl.flock(reader, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a runs table probing right now
+    threading.Timer(0.1, os.close, [reader]).start()
+    with run_lock.acquire(out) as lock:
+        assert lock.held
+
+
+def test_a_fifo_as_the_lock_file_does_not_hang_the_probe(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    os.mkfifo(out / run_lock.LOCK_FILE)
+    assert run_lock.probe(out) is None

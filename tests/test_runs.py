@@ -6,7 +6,10 @@ notebook widget (filter, sort, overlaid curves, a running run followed live)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
+import time
 
 import pytest
 import torch
@@ -36,7 +39,8 @@ def outputs(tiny_bert, tiny_llama_dir, tmp_path_factory):
 
     def look_while_running(event):  # the run holds its lock: the table must say "running"
         if event["kind"] == "train" and event["step"] == 2:
-            seen["status"] = runs.runs(root)["cls-b"].status
+            row = runs.runs(root)["cls-b"]
+            seen["status"], seen["problem"] = row.status, row.problem
 
     fit(str(tiny_bert), data, output_dir=str(root / "cls-b"), learning_rate=1e-3, max_steps=4,
         listeners=[look_while_running], **QUICK)
@@ -53,7 +57,7 @@ def outputs(tiny_bert, tiny_llama_dir, tmp_path_factory):
     calls = {"n": 0}
 
     def nan_at_3(self, model, batch):
-        calls["n"] += 1
+        calls["n"] += model.training  # training steps only, not the divergence guard's start
         loss = original(self, model, batch)
         return loss * float("nan") if calls["n"] == 3 else loss
 
@@ -88,8 +92,11 @@ def test_every_kind_of_run_has_its_status(outputs):
         "llm/lora": "completed", "broken/truncated": "interrupted", "broken/no-record": "completed",
         "broken/no-log": "broken", "broken/garbage": "broken",
     }
-    assert seen["status"] == "running"
+    assert seen == {"status": "running", "problem": None}  # no "stopped without an end event" beside it
     assert "half-written" in table["broken/truncated"].problem
+    # 4 steps of a fresh tiny BERT learn nothing: the completed classifiers say so, the others have no verdict.
+    assert table["cls-a"].verdict == "LEARNED NOTHING" and "Learned nothing: eval_accuracy" in table["cls-a"].problem
+    assert table["nan"].verdict is None and table["stopped"].verdict is None
     assert "no events.jsonl" in table["broken/no-log"].problem
     assert "no start event" in table["broken/garbage"].problem
 
@@ -134,8 +141,53 @@ def test_a_held_lock_means_running_and_a_dead_holder_does_not(outputs, tmp_path)
         lock.release()
     assert runs.read_run(folder).status == "interrupted"
     # A lock file left by a killed process (pid gone) is not a running run.
-    (folder / run_lock.LOCK_FILE).write_text(json.dumps({"pid": 2**22 + 7, "host": __import__("socket").gethostname()}))
+    (folder / run_lock.LOCK_FILE).write_text(json.dumps({"pid": 2**22 + 7, "host": socket.gethostname()}))
     assert runs.read_run(folder).status == "interrupted"
+
+
+def _unended_run(folder, host: str, silent_s: float = 0.0):
+    """A run folder whose last part started on ``host`` and never ended, its lock file left behind
+    (as kill -9 leaves it) naming a process that nobody holds the lock for."""
+    folder.mkdir(parents=True)
+    start = {"time": time.time() - 60, "kind": "start", "total_steps": 10, "config": {"task": "classification"},
+             "pid": os.getpid(), "host": host}
+    train = {"time": time.time() - 30, "kind": "train", "step": 3, "loss": 0.6}
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in (start, train)))
+    (folder / run_lock.LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": host}))
+    then = time.time() - silent_s
+    os.utime(folder / "events.jsonl", (then, then))
+    return folder
+
+
+def test_a_reused_pid_never_makes_a_dead_run_look_alive(tmp_path):
+    """The lock file names this very process (alive: a PID reused after a kill -9, or a small PID
+    handed out again in a restarted container), but no one holds the lock: the run is dead."""
+    folder = _unended_run(tmp_path / "killed", socket.gethostname())
+    row = runs.read_run(folder)
+    assert row.status == "interrupted"
+    assert row.problem.startswith("stopped without an end event")
+
+
+def test_a_running_run_has_no_note_that_contradicts_it(tmp_path):
+    folder = _unended_run(tmp_path / "live", socket.gethostname())
+    (folder / run_lock.LOCK_FILE).unlink()
+    with run_lock.acquire(folder):
+        row = runs.read_run(folder)
+        assert row.status == "running" and row.problem is None, row.problem
+    table = runs.runs(tmp_path)
+    assert table["live"].status == "interrupted" and "stopped without an end event" in table["live"].problem
+
+
+def test_a_run_whose_host_is_gone_is_lost_after_the_stated_time(tmp_path):
+    fresh = _unended_run(tmp_path / "fresh", "gpu-node-7", silent_s=30)
+    row = runs.read_run(fresh)  # its lock may be invisible from here (no shared locks): running, said why
+    assert row.status == "running" and "on host gpu-node-7" in row.problem and "lost after 10m00s" in row.problem
+    silent = _unended_run(tmp_path / "silent", "gpu-node-7", silent_s=runs.LOST_AFTER_S + 60)
+    row = runs.read_run(silent)
+    assert row.status == "lost" and row.host == "gpu-node-7"
+    assert row.problem.startswith("host gpu-node-7 cannot be reached: no lock held and no event for 11m00s")
+    assert runs.read_run(silent, lost_after_s=3600).status == "running"  # the time is a setting
+    assert "lost" in str(runs.runs(tmp_path).format())
 
 
 def test_cli_prints_the_table_and_csv(outputs, capsys):
@@ -143,7 +195,7 @@ def test_cli_prints_the_table_and_csv(outputs, capsys):
     assert main(["runs", str(root), "--sort", "best_value"]) == 0
     out = capsys.readouterr().out
     header = out.splitlines()[0].split()
-    assert header[:3] == ["name", "status", "task"] and "learning_rate" in header
+    assert header[:4] == ["name", "status", "verdict", "task"] and "learning_rate" in header
     assert "broken/no-log: no events.jsonl" in out
     assert main(["runs", str(root), "--csv"]) == 0
     assert capsys.readouterr().out.startswith("name,status,")

@@ -110,14 +110,15 @@ def _assert_nothing_trained(out):
     assert not (out / "events.jsonl").exists()
 
 
-def test_eval_before_training_records_step_0_and_never_keeps_it_as_best(tiny_bert, small_data, tmp_path):
+def test_eval_before_training_records_step_0_and_never_keeps_it_as_best(trained_tiny_bert, small_data, tmp_path):
+    """The trained model is at accuracy ~1 from step 0: every evaluation beats chance, step 0 is still no result."""
     out = tmp_path / "run"
-    result = _quick(tiny_bert, small_data, out, max_steps=4, eval_every=2, eval_before_training=True)
+    result = _quick(trained_tiny_bert, small_data, out, max_steps=4, eval_every=2, eval_before_training=True)
     evals = _events(result, "eval")
     assert [e["step"] for e in evals] == [0, 2, 4]
     assert set(evals[0]) >= {"eval_loss", "eval_accuracy", "eval_f1"}
     assert json.loads((out / "best" / "best.json").read_text())["step"] in (2, 4)
-    resumed = _quick(tiny_bert, small_data, out, max_steps=6, eval_every=2, eval_before_training=True)
+    resumed = _quick(trained_tiny_bert, small_data, out, max_steps=6, eval_every=2, eval_before_training=True)
     assert [e["step"] for e in _events(resumed, "eval")] == [6]  # a resume does not evaluate step 0 again
 
 
@@ -229,7 +230,7 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_be
     calls = {"n": 0}
 
     def loss_with_nan(self, model, batch):
-        calls["n"] += 1
+        calls["n"] += model.training  # training steps only: the divergence guard's start is measured in eval mode
         loss = original(self, model, batch)
         return loss * float("nan") if calls["n"] == 5 else loss  # 5th micro-batch = step 5
 
@@ -247,20 +248,21 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_be
     assert ends[-1]["kind"] == "end" and ends[-1]["status"] == "failed"
 
 
-def test_nan_before_an_evaluation_is_caught_and_never_kept_as_best(tiny_bert, small_data, tmp_path, monkeypatch):
+def test_nan_before_an_evaluation_is_caught_and_never_kept_as_best(trained_tiny_bert, small_data, tmp_path,
+                                                                     monkeypatch):
     """With log_every=10 the NaN of step 3 used to reach the step-4 evaluation and be saved as best/."""
     original = ClassificationTask.loss
     calls = {"n": 0}
 
     def loss_with_nan(self, model, batch):
-        calls["n"] += 1
+        calls["n"] += model.training  # training steps only: the divergence guard's start is measured in eval mode
         loss = original(self, model, batch)
         return loss * float("nan") if calls["n"] == 3 else loss
 
     monkeypatch.setattr(ClassificationTask, "loss", loss_with_nan)
     out = tmp_path / "run"
     with pytest.raises(TrainingError, match="step 3") as info:
-        _quick(tiny_bert, small_data, out, max_steps=8, eval_every=2, log_every=10, save_every=100)
+        _quick(trained_tiny_bert, small_data, out, max_steps=8, eval_every=2, log_every=10, save_every=100)
     assert "No checkpoint was saved before it" in str(info.value)  # no false promise
     best = json.loads((out / "best" / "best.json").read_text())
     assert best["step"] == 2  # the evaluation at step 4 never ran on the ruined weights

@@ -123,7 +123,7 @@ def sweep(notebook: str | os.PathLike, grid, *, mode: str = "auto", **kwargs):
 
     plan = runner.make_plan(notebook, grid, **{k: v for k, v in kwargs.items()
                                                if k not in ("devices", "on_update", "log")})
-    plan.save()
+    plan.root_path.mkdir(parents=True, exist_ok=True)  # the table reads it; run_plan saves the plan, locked
     from workbench.engine.runs import runs as read_runs
 
     browser = RunsBrowser(read_runs(plan.root_path))

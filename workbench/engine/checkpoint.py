@@ -144,11 +144,11 @@ def _swap_into_place(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-_LEFTOVER = re.compile(r"^\.(?P<kind>tmp|old)-(?P<name>.+)-(?P<pid>\d+)$")
+_LEFTOVER = re.compile(r"^\.(?P<kind>tmp|old|del)-(?P<name>.+)-(?P<pid>\d+)$")
 
 
 def _leftovers(directory: Path) -> list[tuple[str, str, Path]]:
-    """(kind, name, path) of the ``.tmp-<name>-<pid>`` / ``.old-<name>-<pid>`` folders."""
+    """(kind, name, path) of the ``.tmp-<name>-<pid>`` / ``.old-<name>-<pid>`` / ``.del-<name>-<pid>`` folders."""
     found = []
     for path in directory.iterdir():
         match = _LEFTOVER.match(path.name)
@@ -160,7 +160,8 @@ def _leftovers(directory: Path) -> list[tuple[str, str, Path]]:
 def remove_stale_temporaries(directory: Path) -> list[str]:
     """Clean up after a save that crashed; returns what was recovered, as messages to log.
 
-    ``.tmp-*`` folders are half-written and removed. An ``.old-<name>-*`` folder is
+    ``.tmp-*`` folders are half-written and removed, ``.del-*`` ones half-deleted (a pruned
+    checkpoint, see :func:`prune`) and removed. An ``.old-<name>-*`` folder is
     the previous complete ``<name>``: when ``<name>`` itself is missing, the crash
     came between the two renames of :func:`write_dir_atomically`, and the old copy is
     renamed back (the newest, should several exist) instead of being deleted.
@@ -424,7 +425,23 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 
 def prune(output_dir: str | os.PathLike, keep: int) -> None:
+    """Delete all but the newest ``keep`` step checkpoints, each renamed away first.
+
+    ``rmtree`` of a checkpoint takes a while (hundreds of MB) and a kill in the middle of it
+    left a half-deleted ``step-N/`` that looked like a checkpoint and was never removed. The
+    rename (``.del-step-N-<pid>``) is atomic: a kill leaves either the whole checkpoint or
+    a dot-folder that is never chosen and that :func:`remove_stale_temporaries` deletes at
+    the next start.
+    """
+    root = checkpoints_dir(output_dir)
+    doomed = []
     for path in list_checkpoints(output_dir)[:-keep]:
+        away = root / f".del-{path.name}-{os.getpid()}"
+        os.rename(path, away)
+        doomed.append(away)
+    if doomed:
+        _fsync_path(root)  # the renames are on disk before the deletes begin
+    for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -2,10 +2,20 @@
 
 Read from the run folders only (no server, no database): a folder is a run when it holds
 ``events.jsonl``, the lock of a run (``.workbench.lock``) or ``checkpoints/``. What a row
-shows comes from the event log (the ``start`` event's settings, the evals, the ``end``),
-the lock (a run whose holder is alive is *running*) and, for old logs, the checkpoint's
-``run.json`` (the model). A folder that cannot be read, or holds half a log, is a row that
-says so (status ``broken``, ``problem`` says why); it never breaks the table.
+shows comes from the event log (the ``start`` event's settings, the evals, the ``end`` and
+its verdict), the lock and, for old logs, the checkpoint's ``run.json`` (the model). A folder
+that cannot be read, or holds half a log, is a row that says so (status ``broken``,
+``problem`` says why); it never breaks the table.
+
+The status: *running* while a process holds the folder's lock, asked of the lock itself
+(``run_lock.probe``, a non-blocking ``flock``: no PID that another process may have
+inherited can fool it, and on NFS it sees holders on other hosts); else the ``end`` event's
+(``completed``, ``interrupted``, ``failed``); with no ``end``, *interrupted* (killed or
+crashed: run it again to resume) or, for a run on another host silent for ``LOST_AFTER_S``,
+*lost* (its host cannot be reached; also resumable, from any host that mounts the folder).
+A run on another host whose lock this host cannot see (a file system that does not share
+locks) but whose log was written within ``LOST_AFTER_S`` counts as running. ``verdict``
+says whether a completed run learned anything (``engine/verdict.py``).
 
 Fast on purpose: a table of 200 runs of 1,000 events each is read in well under a
 second (``benchmarks/runs_table.py``), because train lines, the bulk of a log, are not
@@ -22,17 +32,25 @@ import argparse
 import json
 import os
 import socket
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench.engine.events import EVENTS_FILE, read_events
-from workbench.engine.progress import RunHistory, format_bytes, format_duration, is_number
-from workbench.engine.run_lock import LOCK_FILE, read_holder
+from workbench.engine.progress import (
+    RunHistory,
+    format_bytes,
+    format_duration,
+    is_number,
+    verdict_label,
+)
+from workbench.engine.run_lock import LOCK_FILE, probe, read_holder
 from workbench.errors import WorkbenchError
 
-STATUSES = ("running", "completed", "interrupted", "failed", "broken")
+STATUSES = ("running", "completed", "interrupted", "failed", "lost", "broken")
+LOST_AFTER_S = 600.0  # no lock held and no event for this long, on another host: the run is lost
 CHECKPOINTS = "checkpoints"  # = checkpoint.CHECKPOINTS (that module imports torch)
 RUN_RECORD = "run.json"
 # A run's own sub-folders: never searched for more runs.
@@ -47,7 +65,8 @@ class Run:
 
     path: Path
     name: str  # the folder, relative to the table's root
-    status: str = "broken"  # running | completed | interrupted | failed | broken
+    status: str = "broken"  # running | completed | interrupted | failed | lost | broken
+    verdict: str | None = None  # a completed run: learned | LEARNED NOTHING | WORSE THAN BASELINE
     task: str | None = None
     model: str | None = None
     step: int = 0  # optimizer steps done
@@ -62,6 +81,7 @@ class Run:
     peak_gpu_mem_bytes: int | None = None  # where recorded (CUDA runs)
     settings: dict[str, Any] = field(default_factory=dict)  # the TrainConfig of the last start
     problem: str | None = None  # why the folder is broken, or what is odd about it
+    host: str | None = None  # where the run last started (its start event, or the lock's record)
 
     def history(self) -> RunHistory:
         """The run's curves (train loss, evals), read now: call again for a running run's new points."""
@@ -71,10 +91,11 @@ class Run:
         return history
 
 
-def read_run(path: str | os.PathLike, name: str | None = None) -> Run:
+def read_run(path: str | os.PathLike, name: str | None = None, *, lost_after_s: float = LOST_AFTER_S) -> Run:
     """The row of the run in ``path`` (status ``broken`` with ``problem`` set when it cannot be read)."""
     path = Path(path)
     run = Run(path=path, name=name or path.name)
+    held = probe(path)  # before the log: a run that ends meanwhile then shows its end
     try:
         data = (path / EVENTS_FILE).read_bytes()
     except FileNotFoundError:
@@ -82,21 +103,63 @@ def read_run(path: str | os.PathLike, name: str | None = None) -> Run:
     except OSError as exc:
         run.problem = f"cannot read {EVENTS_FILE}: {exc.strerror or exc}"
         data = None
-    running, lock_note = _lock_state(path)
+    notes: list[str] = []
+    half_written = False
     if data is not None:
-        _read_log(run, data)
+        notes, half_written = _read_log(run, data)
     elif run.problem is None:
         run.problem = f"no {EVENTS_FILE} (a run that never started, or a copied folder)"
     if run.model is None:
         run.model = _model_from_checkpoint(path)
-    if running:
-        run.status = "running"
-        if lock_note:
-            run.problem = lock_note
+    if half_written and not held:  # while running, the line being written; otherwise a kill's leftover
+        notes.append(f"the last line of {EVENTS_FILE} is half-written")
+    _settle_status(run, held, notes, lost_after_s)
     return run
 
 
-def _read_log(run: Run, data: bytes) -> None:
+def _settle_status(run: Run, held: bool | None, notes: list[str], lost_after_s: float) -> None:
+    """The status from the lock and the log, and one note that agrees with it."""
+    holder = read_holder(run.path) if held is not False or run.status == "ended-without-end" else None
+    host = (holder or {}).get("host") if isinstance((holder or {}).get("host"), str) else run.host
+    run.host = host
+    if held:
+        run.status, run.verdict = "running", None  # a resumed run: the verdict of its earlier part is stale
+        if not (holder and "pid" in holder):
+            notes.append("the lock's record is not written yet (the run is starting) or unreadable")
+    if held is None and (run.path / LOCK_FILE).exists():
+        notes.append("its lock cannot be checked (not a regular file, or a file system without locks)")
+    elif run.status == "ended-without-end":
+        silent_s = _silent_for(run.path)
+        elsewhere = host is not None and host != socket.gethostname()
+        if elsewhere and silent_s is not None and silent_s < lost_after_s:
+            run.status = "running"
+            notes.insert(0, f"on host {host}: its lock is not held as seen from this host (a file system "
+                            f"that does not share locks?) but its log was written {format_duration(silent_s)} ago; "
+                            f"it counts as lost after {format_duration(lost_after_s)} of silence")
+        elif elsewhere:
+            silence = f"no event for {format_duration(silent_s)}" if silent_s is not None else "no event log"
+            run.status = "lost"
+            notes.insert(0, f"host {host} cannot be reached: no lock held and {silence}; run it again "
+                            "(from any host that mounts the folder) to resume")
+        else:
+            run.status = "interrupted"
+            notes.insert(0, "stopped without an end event (killed or crashed); run it again to resume")
+    if notes:
+        run.problem = "; ".join(notes) if run.problem is None else f"{run.problem}; " + "; ".join(notes)
+
+
+def _silent_for(path: Path) -> float | None:
+    """Seconds since the run's log was last written (None: no log)."""
+    try:
+        return max(0.0, time.time() - (path / EVENTS_FILE).stat().st_mtime)
+    except OSError:
+        return None
+
+
+def _read_log(run: Run, data: bytes) -> list[str]:
+    """Fill ``run`` from its log; returns (notes about the log, whether its last line is half-written).
+    Without an ``end`` after the last start, the status is left as "ended-without-end" for
+    ``_settle_status`` to decide."""
     end = data.rfind(b"\n") + 1
     half_written = bool(data[end:].strip())  # the piece after the last newline
     data = data[:end]
@@ -107,8 +170,9 @@ def _read_log(run: Run, data: bytes) -> None:
     if not starts:
         run.problem = "; ".join(problems + [f"{EVENTS_FILE} has no start event"
                                             + (" (only half a line)" if half_written else "")])
-        return
+        return [], False
     first, start = events[starts[0]], events[starts[-1]]
+    run.host = start.get("host") if isinstance(start.get("host"), str) else None
     config = start.get("config") if isinstance(start.get("config"), dict) else {}
     run.settings = {k: v for k, v in config.items() if k not in _NOT_SETTINGS}
     run.task = config.get("task")
@@ -125,13 +189,12 @@ def _read_log(run: Run, data: bytes) -> None:
     if ends_after_start:
         run.status = str(history.end.get("status", "broken"))
         run.metrics = {k: v for k, v in (history.end.get("metrics") or {}).items() if is_number(v)}
+        verdict = history.verdict
+        run.verdict = verdict_label(verdict)
+        if verdict and verdict.get("outcome") in ("no_better", "worse") and verdict.get("text"):
+            problems.append(verdict["text"])
     else:
-        # No end after the last start and nobody holds the lock (checked by the caller):
-        # the process died (kill -9, a crashed kernel, a lost node). Resumable.
-        run.status = "interrupted"
-        problems.append("stopped without an end event (killed or crashed); run it again to resume")
-        if half_written:
-            problems.append(f"the last line of {EVENTS_FILE} is half-written")
+        run.status = "ended-without-end"  # running, killed, crashed or lost: the lock and the host decide
     if not run.metrics and history.evals:
         run.metrics = {k: v for k, v in history.evals[-1].items() if k.startswith("eval_") and is_number(v)}
     _best(run, config, history.evals)
@@ -142,8 +205,7 @@ def _read_log(run: Run, data: bytes) -> None:
     # torch's max_memory_allocated only grows within a process: each part's last train line has its peak.
     memory = [e["gpu_mem_bytes"] for e in events if e.get("kind") == "train" and is_number(e.get("gpu_mem_bytes"))]
     run.peak_gpu_mem_bytes = int(max(memory)) if memory else None
-    if problems:
-        run.problem = "; ".join(problems)
+    return problems, half_written and not ends_after_start
 
 
 _TRAIN = b'"kind": "train"'
@@ -240,29 +302,6 @@ def _duration(events: list[dict], starts: list[int]) -> float | None:
     return total
 
 
-def _lock_state(path: Path) -> tuple[bool, str | None]:
-    """(running, note). A run holds ``.workbench.lock`` while it runs; the kernel drops the lock when
-    the process dies but the file stays, so the holder's pid says whether it is still alive."""
-    if not (path / LOCK_FILE).exists():
-        return False, None
-    holder = read_holder(path)
-    if not holder or not isinstance(holder.get("pid"), int):
-        # Written a moment after the lock is taken: a run that is starting.
-        return True, "the lock's record is not written yet (the run is starting) or unreadable"
-    if holder.get("host") != socket.gethostname():
-        return True, (f"held by a process on host {holder.get('host')}: assumed running "
-                      "(its liveness cannot be checked from here)")
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return False, None
-    except PermissionError:  # alive, another user's
-        return True, None
-    except OSError:
-        return False, None
-    return True, None
-
-
 def _model_from_checkpoint(path: Path) -> str | None:
     """Logs written before the start event named the model: read it from the newest run.json."""
     folder = path / CHECKPOINTS
@@ -329,7 +368,7 @@ def runs(root: str | os.PathLike = "outputs") -> RunsTable:
 
 # -- the table -------------------------------------------------------------------------
 
-COLUMNS = ("name", "status", "task", "model", "step", "total_steps", "best_metric", "best_value",
+COLUMNS = ("name", "status", "verdict", "task", "model", "step", "total_steps", "best_metric", "best_value",
            "best_step", "duration_s", "samples_per_s", "peak_gpu_mem_bytes", "problem")
 
 

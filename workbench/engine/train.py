@@ -143,8 +143,10 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
                               "ReadWriteMany volume), the same path on each.")
     messages += _resume(run, resume_from) if resume_from is not None else []
     if run.guard.start is None:  # a fresh run: the training loss before any update (divergence.py)
-        run.guard.start = run.state.start_loss = measure_start(
-            acc, run.model, run.task, run.train_dataset, run.collate, run.state.micro_batch_size, config.seed)
+        start = measure_start(acc, run.model, run.task, run.train_dataset, run.collate,
+                              run.state.micro_batch_size, config.seed)
+        # Not finite (weights that are NaN from the start): the first step's loss stops the run instead.
+        run.guard.start = run.state.start_loss = start if math.isfinite(start) else None
     steps_per_epoch = math.ceil(run.batches_per_epoch / config.gradient_accumulation_steps)
     run.log.write("start", model=run.record.get("model"), total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
                   config=asdict(config), world_size=acc.num_processes, precision=run.precision,
@@ -352,9 +354,14 @@ def _lower_rate(config: TrainConfig) -> str:
 def _verdict_message(run: _Run, verdict: dict) -> str:
     if verdict["outcome"] in ("better", "unknown"):
         return verdict["text"]
-    return (f"{verdict['text']} What to try: a lower learning_rate ({_lower_rate(run.config)}), a longer run, "
-            "and a look at the data (labels that do not follow from the text teach nothing; a model that "
-            "predicts one class scores the majority-class baseline).")
+    config = run.config
+    default = dataclasses.replace(config, learning_rate=None).lr
+    if verdict["outcome"] == "worse":
+        return f"{verdict['text']} What to try: a lower learning_rate ({_lower_rate(config)})."
+    return (f"{verdict['text']} What to try: a longer run (this one had {run.total_steps} steps), another "
+            f"learning_rate (it is {config.lr:g}; the default is {default:g}), and a look at the data: labels "
+            "that do not follow from the text teach nothing, and a model that predicts one class scores the "
+            "majority-class baseline.")
 
 
 def _log_train(run: _Run) -> None:

@@ -37,12 +37,13 @@ def run_cli(args: argparse.Namespace) -> int:
     plan = runner.make_plan(args.notebook, grids.parse_grid(args.grid), name=args.name, outputs=args.outputs,
                             parameters=grids.parse_parameters(args.param), kernel=args.kernel,
                             cell_timeout_s=args.cell_timeout)
-    plan.save()
     if args.slurm:
         from workbench.sweep import slurm
 
-        script = slurm.write_script(plan, time_limit=args.slurm_time, gpus_per_task=args.slurm_gpus,
-                                    cpus_per_task=args.slurm_cpus, max_parallel=args.slurm_max_parallel)
+        with runner.hold(plan):  # not while a sweep runs here: its plan would change under it
+            plan.save()
+            script = slurm.write_script(plan, time_limit=args.slurm_time, gpus_per_task=args.slurm_gpus,
+                                        cpus_per_task=args.slurm_cpus, max_parallel=args.slurm_max_parallel)
         print(f"wrote {script} ({len(plan.combinations)} array tasks)")
         if args.submit:
             print(f"submitted job {slurm.submit(script)}; follow it with `workbench runs {plan.root}`")

@@ -3,7 +3,8 @@
 The plan is what every runner of the sweep reads (this machine, or each Slurm array task):
 the notebook, the combinations and the parameters. A combination's status file says
 ``running`` (with the process), then ``completed`` or ``failed`` (with the error); it is
-written atomically (a rename), so a kill never leaves half of one. Running the sweep
+written atomically (a rename), so a kill never leaves half of one, and ``completed`` is
+final: no later ``running`` or ``failed`` (a runner that lost a race) replaces it. Running the sweep
 again skips the ``completed`` combinations and runs the others, whose fit resumes from
 its checkpoints.
 """
@@ -86,7 +87,11 @@ def read_status(folder: Path) -> dict[str, Any]:
 
 
 def write_status(folder: Path, status: str, **fields) -> dict[str, Any]:
+    """Record ``status``; returns the record now in the file (a ``completed`` one is never replaced)."""
     folder.mkdir(parents=True, exist_ok=True)
+    current = read_status(folder)
+    if current.get("status") == "completed" and status != "completed":
+        return current
     record = {"status": status, "time": round(time.time(), 3), "host": socket.gethostname(),
               "pid": os.getpid(), **fields}
     write_json(folder / STATUS_FILE, record)

@@ -10,6 +10,13 @@ Resumable: a combination whose status file says ``completed`` is skipped; any ot
 started, failed, or interrupted by a kill of the sweep) runs again, and its ``fit`` resumes
 from the newest checkpoint in its folder. A failing combination is recorded (the cell and
 the error) and the sweep goes on; the result lists the failures.
+
+One sweep per folder: ``run_plan`` holds ``<root>/.sweep.lock`` (``engine/run_lock.py``, the
+lock runs use) for as long as it runs, so a second sweep on the same folder is refused at
+once, naming the first (pid, host, start, command), instead of reporting each of the first
+one's combinations as ``failed: OutputDirLockedError``. A Slurm array's tasks share the lock
+(one per combination, side by side); a sweep here and an array on one folder exclude each
+other. And a ``completed`` status is final (``plan.write_status``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.engine import run_lock
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.sweep import grid as grids
 from workbench.sweep.plan import Plan, read_status, write_json, write_status
@@ -34,6 +42,7 @@ from workbench.sweep.plan import Plan, read_status, write_json, write_status
 INHERIT = "inherit"  # run with the environment's devices as they are (a Slurm array task)
 RESULT_FILE = ".sweep-result.json"
 LOG_FILE = "sweep.log"
+LOCK_FILE = ".sweep.lock"  # one sweep per folder (a dot-file: never taken for a run's lock)
 
 
 @dataclass
@@ -197,18 +206,38 @@ def sweep(notebook: str | os.PathLike, grid: Mapping[str, Sequence] | Iterable[s
     """
     plan = make_plan(notebook, grid, name=name, outputs=outputs, parameters=parameters, kernel=kernel,
                      cell_timeout_s=cell_timeout_s, env=env)
-    plan.save()
     return run_plan(plan, devices=devices, on_update=on_update, log=log)
+
+
+def hold(plan: Plan, *, shared: bool = False) -> run_lock.RunLock:
+    """The sweep folder's lock (OutputDirLockedError naming the sweep that holds it). ``shared``:
+    a Slurm array task, one of many that run the same sweep side by side."""
+    return run_lock.acquire(plan.root_path, lock_file=LOCK_FILE, kind="sweep", shared=shared)
 
 
 def run_plan(plan: Plan, *, devices: str | Sequence[str] | None = "auto", indexes: Sequence[int] | None = None,
              on_update: Callable[[Outcome | None], None] | None = None,
              log: Callable[[str], None] = print) -> SweepResult:
-    """Run the plan's combinations (``indexes``: only those) that have not completed yet."""
+    """Run the plan's combinations (``indexes``: only those) that have not completed yet.
+
+    Holds the sweep folder's lock throughout and saves the plan under it; with
+    ``devices="inherit"`` (a Slurm array task) the lock is shared and the plan only read.
+    """
+    slots = resolve_devices(devices)
+    lock = hold(plan, shared=slots == [INHERIT])
+    try:
+        if slots != [INHERIT]:
+            plan.save()
+        return _run_combinations(plan, slots, indexes, on_update, log)
+    finally:
+        lock.release()
+
+
+def _run_combinations(plan: Plan, slots: list, indexes: Sequence[int] | None,
+                      on_update: Callable[[Outcome | None], None] | None, log: Callable[[str], None]) -> SweepResult:
     from workbench.notebook_regression.kernels import resolve_kernel
 
     chosen = [plan.combinations[i] for i in indexes] if indexes is not None else list(plan.combinations)
-    slots = resolve_devices(devices)
     kernel = resolve_kernel(plan.kernel, plan.root_path / ".sweep", log=log)
     outcomes: dict[str, Outcome] = {}
     todo = []
@@ -275,6 +304,7 @@ def run_combination(plan: Plan, combination: grids.Combination, device: str | No
     seconds = round(time.monotonic() - started, 1)
     error = _error(proc.returncode, result_path)
     status = "failed" if error else "completed"
+    # A status another runner already made "completed" stays so (write_status keeps it).
     write_status(folder, status, device=shown_device, parameters=combination.parameters, seconds=seconds,
                  error=error)
     log(f"sweep {plan.name}: {combination.name}: {status} in {seconds:.0f} s" + (f": {error}" if error else ""))
