@@ -103,6 +103,52 @@ def test_only_the_newest_k_are_kept(acc, tmp_path):
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step-000003", "step-000004"]
 
 
+# A process that prunes with each file's delete slowed down, so that a kill lands in the middle.
+SLOW_PRUNE = """
+import os, sys, time
+from workbench.engine import checkpoint
+unlink = os.unlink
+def slow_unlink(*args, **kwargs):
+    print("deleting", flush=True)
+    time.sleep(0.05)
+    return unlink(*args, **kwargs)
+os.unlink = slow_unlink
+checkpoint.prune(sys.argv[1], keep=1)
+print("done", flush=True)
+"""
+
+
+def _fake_checkpoint(out, step: int, files: int = 40):
+    """A valid step folder (its manifest lists its files) without the cost of a model."""
+    folder = checkpoint.checkpoints_dir(out) / checkpoint.step_dir_name(step)
+    folder.mkdir(parents=True)
+    for i in range(files):
+        (folder / f"shard-{i:03d}.bin").write_bytes(b"w" * 100)
+    sizes = {p.name: p.stat().st_size for p in folder.iterdir()}
+    (folder / checkpoint.MANIFEST).write_text(json.dumps({"format": checkpoint.FORMAT, "step": step,
+                                                          "files": sizes, "complete": True}))
+
+
+def test_a_kill_while_pruning_never_leaves_a_half_deleted_checkpoint(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    for step in (1, 2, 3):
+        _fake_checkpoint(tmp_path, step)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_PRUNE, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "deleting"
+    proc.send_signal(signal.SIGKILL)  # a few files of a 40-file checkpoint are gone
+    proc.wait()
+    root = checkpoint.checkpoints_dir(tmp_path)
+    left = sorted(p.name for p in root.iterdir())
+    assert left[-1] == "step-000003" and not any(name.startswith("step-00000") for name in left[:-1]), left
+    assert any(name.startswith(".del-step-000001-") for name in left), left  # renamed away, then cut short
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path, warn=True)] == ["step-000003"]
+    checkpoint.remove_stale_temporaries(root)  # what every run does at its start, under its lock
+    assert sorted(p.name for p in root.iterdir()) == ["step-000003"]
+
+
 def test_resaving_a_step_replaces_it(acc, tmp_path):
     _save(acc, tmp_path, 3)
     path = _save(acc, tmp_path, 3)

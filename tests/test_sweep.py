@@ -20,9 +20,9 @@ import pytest
 
 from workbench.cli import main
 from workbench.engine.runs import runs
-from workbench.errors import ConfigError
+from workbench.errors import ConfigError, OutputDirLockedError
 from workbench.sweep import grid, runner, slurm
-from workbench.sweep.plan import Plan, read_status
+from workbench.sweep.plan import Plan, read_status, write_status
 
 NOTEBOOK = Path(__file__).parent / "fixtures" / "sweep" / "steps.ipynb"
 QUIET = dict(log=lambda line: None)
@@ -197,6 +197,59 @@ def test_slurm_array_job_runs_each_combination_through_sbatch_and_srun(tmp_path,
         assert f"combination {seed - 1} on" in log
     assert {r.status for r in runs(tmp_path / "arr")} == {"completed"}
     assert len(Plan.load(tmp_path / "arr").combinations) == 2
+
+
+# -- one sweep per folder ------------------------------------------------------------------
+
+HOLD_SWEEP = """
+import sys
+from workbench.engine import run_lock
+from workbench.sweep import runner
+lock = run_lock.acquire(sys.argv[1], lock_file=runner.LOCK_FILE, kind="sweep")
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_second_sweep_on_the_same_folder_is_refused_naming_the_first(tmp_path, capsys):
+    root = tmp_path / "one"
+    first = subprocess.Popen([sys.executable, "-c", HOLD_SWEEP, str(root)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "held"
+        with pytest.raises(OutputDirLockedError) as err:
+            runner.sweep(NOTEBOOK, ["seed=1,2"], parameters={"steps": 2}, name="one", outputs=tmp_path,
+                         devices="cpu", **QUIET)
+        assert f"{root} is in use by another sweep: process {first.pid} on host" in str(err.value)
+        assert err.value.holder["pid"] == first.pid and "another --name" in err.value.fix
+        assert sorted(p.name for p in root.iterdir()) == [runner.LOCK_FILE]  # nothing written, not even the plan
+        code = main(["sweep", str(NOTEBOOK), "--grid", "seed=1,2", "--param", "steps=2", "--name", "one",
+                     "--outputs", str(tmp_path), "--gpus", "cpu"])
+        assert code == 2 and f"in use by another sweep: process {first.pid}" in capsys.readouterr().err
+    finally:
+        first.stdin.close()
+        first.wait()
+    result = runner.sweep(NOTEBOOK, ["seed=1"], parameters={"steps": 2}, name="one", outputs=tmp_path,
+                          devices="cpu", **QUIET)  # the first one gone (killed, here): the folder is free
+    assert [o.status for o in result.outcomes] == ["completed"]
+
+
+def test_a_sweep_here_and_a_slurm_array_on_one_folder_exclude_each_other(tmp_path):
+    plan = runner.make_plan(NOTEBOOK, {"seed": [1]}, parameters={"steps": 2}, outputs=tmp_path, name="mix")
+    with runner.hold(plan, shared=True), runner.hold(plan, shared=True):  # two array tasks at once
+        with pytest.raises(OutputDirLockedError, match="its Slurm array tasks"):
+            runner.run_plan(plan, devices="cpu", **QUIET)
+    with runner.hold(plan), pytest.raises(OutputDirLockedError, match="in use by another sweep: process"):
+        runner.run_plan(plan, devices=runner.INHERIT, **QUIET)
+
+
+def test_a_completed_status_is_never_replaced(tmp_path):
+    """A runner that lost a race (its run found the folder in use) reports failed after the winner's completed."""
+    folder = tmp_path / "seed=1"
+    write_status(folder, "completed", seconds=3.0)
+    assert write_status(folder, "failed", error="OutputDirLockedError: ...")["status"] == "completed"
+    assert write_status(folder, "running")["status"] == "completed"
+    assert read_status(folder)["status"] == "completed" and read_status(folder)["seconds"] == 3.0
 
 
 def test_a_task_index_outside_the_plan_is_refused(tmp_path):

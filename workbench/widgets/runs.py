@@ -23,7 +23,7 @@ from workbench.engine.progress import render_runs_png
 from workbench.engine.runs import RunsTable, format_cell, read_run, runs
 
 # Columns of the on-screen table, before the metrics and the differing settings.
-_SHOWN = ("name", "status", "task", "model", "step", "best_metric", "best_value", "best_step",
+_SHOWN = ("name", "status", "verdict", "task", "model", "step", "best_metric", "best_value", "best_step",
           "duration_s", "samples_per_s", "peak_gpu_mem_bytes")
 
 
@@ -154,7 +154,7 @@ def _sort_key(value):
 
 
 def _label(row: dict) -> str:
-    parts = [row["name"], row["status"]]
+    parts = [row["name"], row["status"] + (f" ({row['verdict']})" if row.get("verdict") else "")]
     if row.get("best_metric") and row.get("best_value") is not None:
         parts.append(f"{row['best_metric'][5:]} {row['best_value']:.4g} @ {row['best_step']}")
     return "  |  ".join(parts)
