@@ -318,7 +318,7 @@ def test_oom_halves_the_micro_batch_and_keeps_the_loss_curve(tiny_bert_without_d
     _simulate_oom(monkeypatch, lambda step, size: step == 3 and size > 2)
     retried = _quick(model, small_data, tmp_path / "oom")
     assert retried.status == "completed"
-    warnings = [e["text"] for e in _events(retried, "message") if e["level"] == "warn"]
+    warnings = [e["text"] for e in _events(retried, "message") if "Out of GPU memory" in e["text"]]
     assert len(warnings) == 2 and "micro-batch 4 x 2" in warnings[0] and "micro-batch 2 x 4" in warnings[1]
     sizes = [e["micro_batch_size"] for e in _events(retried, "train")]
     assert sizes[:2] == [8, 8] and sizes[2:] == [2, 2, 2, 2]
