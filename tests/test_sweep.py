@@ -236,9 +236,9 @@ def test_a_second_sweep_on_the_same_folder_is_refused_naming_the_first(tmp_path,
 
 def test_a_sweep_here_and_a_slurm_array_on_one_folder_exclude_each_other(tmp_path):
     plan = runner.make_plan(NOTEBOOK, {"seed": [1]}, parameters={"steps": 2}, outputs=tmp_path, name="mix")
-    with runner.hold(plan, shared=True), runner.hold(plan, shared=True):  # two array tasks at once
-        with pytest.raises(OutputDirLockedError, match="its Slurm array tasks"):
-            runner.run_plan(plan, devices="cpu", **QUIET)
+    with (runner.hold(plan, shared=True), runner.hold(plan, shared=True),  # two array tasks at once
+          pytest.raises(OutputDirLockedError, match="its Slurm array tasks")):
+        runner.run_plan(plan, devices="cpu", **QUIET)
     with runner.hold(plan), pytest.raises(OutputDirLockedError, match="in use by another sweep: process"):
         runner.run_plan(plan, devices=runner.INHERIT, **QUIET)
 

@@ -8,10 +8,12 @@ What only the loop uses sits beside it, one job a module:
     precision.py    fp32 / fp16 / bf16: what the device supports, what "auto" picks
     optim.py        AdamW and transformers' learning-rate schedules
     memory.py       out-of-memory: recognise it, free memory, halve the micro-batch
-    divergence.py   a run whose loss has blown up stops before anything diverged is saved
+    divergence.py   a run whose loss went far above its start stops before anything diverged is saved
+    verdict.py      did the run learn anything? its evaluation against chance, the majority class,
+                    the base model; decides best/ and ends every completed run
     distributed.py  Accelerate, agreement across ranks, launching processes from a notebook
     checkpoint.py   atomic checkpoints and model folders, the run record, resume
-    run_lock.py     one run per output folder
+    run_lock.py     one run per output folder; whether a run is alive, asked of its lock
     stopping.py     signals: save and stop
     events.py       events.jsonl, the run's log that every view reads
     progress.py     headless views of the events: run history, console lines, the chart
