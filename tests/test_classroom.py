@@ -112,7 +112,11 @@ def _kept(folder: Path, name: str = "results.jsonl") -> list[dict]:
 # --- the kernel side --------------------------------------------------------------------------
 
 
-def test_standalone_a_check_keeps_its_result_here_and_opens_no_socket(course_dir, no_network, capsys):
+def test_standalone_a_check_keeps_its_result_here_and_opens_no_socket(course_dir, no_network, monkeypatch,
+                                                                     capsys):
+    # The service's address alone (an image built for a class, run with `workbench lab`) is
+    # not a hub: without the hub's token and user nothing goes out.
+    monkeypatch.setenv(client.URL_VARIABLE, "http://127.0.0.1:9/services/classroom/")
     assert not course_checks.check_probabilities(lambda x: x * 0)
     assert course_checks.check_probabilities(lambda x: x.softmax(dim=-1))
     out = capsys.readouterr().out.splitlines()
@@ -233,6 +237,17 @@ def test_a_teachers_check_is_named_after_its_notebook(course_dir, monkeypatch):
     course_checks.verdict("loops", True, "fine")
     assert {k: _kept(course_dir)[0][k] for k in ("course", "notebook", "exercise")} == {
         "course": "workbench", "notebook": "Lists loops", "exercise": "loops"}
+
+
+def test_a_teachers_odd_names_are_cleaned_and_nothing_ever_raises_into_the_cell(course_dir, monkeypatch):
+    course_checks.verdict("<b>Loops</b>!", True, "fine", notebook="week 1", course="intro")
+    assert _kept(course_dir)[0]["exercise"] == "b>Loops/b>"  # no "<", no "!"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("an unforeseen failure")
+
+    monkeypatch.setattr(client, "_append", broken)
+    assert course_checks.verdict("loops", False, "again", notebook="week 1").passed is False
 
 
 def test_every_check_cell_of_the_course_reports_its_exercise():

@@ -157,11 +157,11 @@ class ResultsHandler(HubAuthenticated, _Base):
         if len(self.request.body) > MAX_BODY:
             raise web.HTTPError(413, f"more than {MAX_BODY} bytes: send at most {MAX_RESULTS} results at once")
         try:
-            body = json.loads(self.request.body)
-            items = body["results"]
-            assert isinstance(items, list) and len(items) <= MAX_RESULTS
-        except (ValueError, KeyError, TypeError, AssertionError):
-            raise web.HTTPError(400, f'expected {{"results": [...]}} with at most {MAX_RESULTS} results') from None
+            items = json.loads(self.request.body)["results"]
+        except (ValueError, KeyError, TypeError):
+            items = None
+        if not isinstance(items, list) or len(items) > MAX_RESULTS:
+            raise web.HTTPError(400, f'expected {{"results": [...]}} with at most {MAX_RESULTS} results')
         records, refused = [], []
         for index, item in enumerate(items):
             try:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.classroom import client as classroom
+from workbench.classroom.record import clean_name
 
 PASS_MARK = "✅"
 FAIL_MARK = "❌"
@@ -65,7 +66,8 @@ def verdict(name: str, passed: bool, message: str, *, exercise: str | None = Non
     result = CheckResult(name, passed, message)
     if not quiet:
         print(result)
-    line = classroom.report(course, notebook or _this_notebook(), exercise or name, passed)
+    line = classroom.report(clean_name(course), clean_name(notebook or _this_notebook()),
+                            clean_name(exercise or name), passed)
     if line and not quiet:
         print(line)
     return result
@@ -73,8 +75,6 @@ def verdict(name: str, passed: bool, message: str, *, exercise: str | None = Non
 
 def _this_notebook() -> str:
     import os
-
-    from workbench.classroom.record import clean_name
 
     session = os.environ.get("JPY_SESSION_NAME", "")  # the notebook's path, set by jupyter_server
     return clean_name(os.path.splitext(os.path.basename(session))[0]) if session else "unnamed"
