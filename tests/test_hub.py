@@ -1,11 +1,15 @@
-"""A class on a real JupyterHub: two students, their own servers, doctor in a kernel, culling.
+"""A class on a real JupyterHub: two students, their own servers, doctor in a kernel, culling;
+then the class service: two more students' check cells report, their teacher sees who passed.
 
 Everything is real except the Docker image: `jupyterhub` (PyPI) with `configurable-http-proxy`
 (npm, installed by scripts/setup_hub_proxy.sh), the DummyAuthenticator with a shared password,
 SimpleLocalProcessSpawner starting each user's server through docker/entrypoint.sh (its
-JupyterHub branch: workbench.server.hub_singleuser and the workbench server configuration), and
-jupyterhub-idle-culler as a hub-managed service, as in environment/hub/z2jh-values.yaml.
-The whole module takes about a minute; it runs as root here (WORKBENCH_ALLOW_ROOT=1).
+JupyterHub branch: workbench.server.hub_singleuser and the workbench server configuration),
+jupyterhub-idle-culler as a hub-managed service, as in environment/hub/z2jh-values.yaml, and the
+class service (workbench/classroom/) added by the same `hub_config.configure` as
+environment/hub/jupyterhub_config.py. One hub serves the whole module: about 2 minutes on an
+idle 2-core machine (the first test 75 s, the class service's three 45-60 s), 3 on a busy one.
+It runs as root here (WORKBENCH_ALLOW_ROOT=1).
 """
 
 from __future__ import annotations
@@ -530,6 +534,9 @@ def test_check_cells_report_to_the_teacher(hub, class_results):
                            json={"note": "no classroom scope", "scopes": ["read:users:name!user=carol"]})
     assert r.status_code == 201, r.text
     assert _post(r.json()["token"], hub, [_record(WELCOME, True)]).status_code == 403
+    r = http().post(f"{hub.url}/services/classroom/api/results", json={"results": "not a list"},
+                    headers={"Authorization": f"token {dave.token}"}, timeout=30)
+    assert r.status_code == 400 and "results" in r.json()["message"], r.text
     # A result that is not one is refused by name, and the rest of the batch is kept.
     r = _post(dave.token, hub, [_record(EX1, True), {**_record(EX1, True), "exercise": "<script>x"}])
     assert r.status_code == 200 and r.json()["stored"] == 1, r.text
