@@ -10,6 +10,10 @@ follows the workbench modules each module reaches. The rules (``docs/architectur
   ML libraries): starting the lab stays fast and small.
 * ``tasks/`` never reaches ``engine/``: the engine asks, the task answers.
 * ``gpu/`` (the NVML layer) knows nothing of the engine, the tasks or the views.
+* ``classroom/`` (the class service, run next to JupyterHub) never reaches torch or the other
+  ML libraries, the tasks, sources, widgets or the server: the hub's machine has none of them.
+* The kernel side of the class service (``course/``, ``classroom/client.py`` and
+  ``record.py``) never reaches tornado or jupyterhub: a check cell stays standard library.
 * No circles between modules: what two modules both need lives in a third.
 
 Each rule is checked on the real package and, so that the check itself can fail, on a
@@ -26,6 +30,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 FRONT_END = ("ipywidgets", "IPython.display", "workbench.widgets")
 HEAVY = ("torch", "transformers", "datasets", "accelerate", "peft", "bitsandbytes")
+WEB_STACK = ("tornado", "jupyterhub")
 # Notebook-only helpers the engine may call into without following their display code.
 NOTEBOOK_HELPERS = ("workbench.notebook_regression.record",)
 
@@ -129,6 +134,10 @@ def rule_breaks(graph) -> dict[str, list]:
             violations(graph, p("server"), (*p("engine", "tasks", "sources"), *HEAVY)),
         "tasks reach the engine": violations(graph, p("tasks"), p("engine")),
         "gpu reaches the engine, tasks or views": violations(graph, p("gpu"), (*p("engine", "tasks"), *front_end)),
+        "classroom reaches torch, tasks, sources, widgets or the server":
+            violations(graph, p("classroom"), (*HEAVY, *front_end, *p("tasks", "sources", "server"))),
+        "the check cells reach tornado or jupyterhub":
+            violations(graph, p("course", "classroom.client", "classroom.record"), WEB_STACK),
         "import circles": circles(graph),
     }
 
@@ -174,6 +183,14 @@ BROKEN = {
     "tasks reach the engine": {"tasks/causal_lm.py": "from pkg.engine.checkpoint import write\n",
                                "engine/checkpoint.py": ""},
     "gpu reaches the engine, tasks or views": {"gpu/nvml.py": "import ipywidgets\n"},
+    "classroom reaches torch, tasks, sources, widgets or the server": {
+        "classroom/store.py": "def rows():\n    from pkg.classroom import tables\n",
+        "classroom/tables.py": "import torch\n",
+    },
+    "the check cells reach tornado or jupyterhub": {
+        "course/checks.py": "from pkg.classroom import client\n",
+        "classroom/client.py": "def send():\n    from jupyterhub.services.auth import HubAuth\n",
+    },
     "import circles": {
         "server/guard.py": "from pkg.server import identity\n",
         "server/identity.py": "from pkg.server.origins import allowed\n",
@@ -194,3 +211,32 @@ def test_the_walk_would_catch_a_lazy_front_end_import(tmp_path):
     module = tmp_path / "lazy.py"
     module.write_text("def show():\n    import ipywidgets\n    from IPython.display import display\n")
     assert {"ipywidgets", "IPython.display"} <= _imports(module, set())
+
+
+def _defined_names(path: Path) -> set[str]:
+    """Functions, classes and variables a module defines at its top level (imported names excluded)."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def test_each_public_name_is_defined_where_the_package_maps_it():
+    """``workbench/__init__.py`` loads each public name lazily from the module that defines it:
+    when a module is split or a function moves, the map moves with it (a name merely imported
+    there would be a re-export, which the tree does not keep)."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    exports = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                   and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets))
+    misplaced = []
+    for name, module in exports.items():
+        path = PACKAGE.parent.joinpath(*module.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        if not path.is_file() or name not in _defined_names(path):
+            misplaced.append(f"{name} -> {module}")
+    assert len(exports) > 20 and misplaced == []

@@ -92,3 +92,7 @@ class OutputDirLockedError(WorkbenchError):
         self.output_dir = output_dir
         self.holder = holder or {}
         super().__init__(message, fix)
+
+
+class ClassroomError(WorkbenchError):
+    """The class service (``workbench classroom``) cannot start or cannot use its database."""
