@@ -459,3 +459,25 @@ def test_an_assistant_turn_with_weight_0_is_context_not_an_answer(tokenizer, tmp
     for ids, labels in zip(train.input_ids, train.labels, strict=True):
         supervised = tokenizer.decode([t for t in labels if t != IGNORE])
         assert "Final" in supervised and "Draft" not in supervised and "Draft" in tokenizer.decode(ids)
+
+
+# ----------------------------------------------------------------------- issue 27's messages
+def test_a_data_format_that_does_not_fit_the_columns_names_data_format_not_internal_columns(tokenizer, tmp_path):
+    rows = [{"prompt": f"Question {i}?", "completion": f"Answer {i}."} for i in range(8)]
+    with pytest.raises(DataError) as err:
+        _encode(tokenizer, rows, tmp_path, data_format="messages")
+    text = str(err.value)
+    assert "its columns: prompt, completion." in text and "__workbench_row__" not in text
+    assert "Fix: set data_format: prompt_completion (what these columns hold)" in text
+    with pytest.raises(DataError) as err:  # columns of no format at all
+        _encode(tokenizer, [{"question": "q", "answer": "a"}] * 8, tmp_path)
+    assert "from the columns question, answer:" in str(err.value) and "data_format" in err.value.fix
+
+
+def test_answers_cut_short_are_counted_in_plain_words(tokenizer, tmp_path):
+    long_answer = "Because " + " ".join(["the wind came from the sea"] * 10) + "."
+    rows = [_chat(f"Why {i}?", long_answer) for i in range(6)] + [_chat(f"Hi {i}", "Hello.") for i in range(2)]
+    task, _ = _encode(tokenizer, rows, tmp_path, max_length=48)
+    cut = [text for text, level in task.notes if "train answer" in text and "cut at max_length" in text]
+    assert len(cut) == 1 and re.match(r"\d of \d train answers are cut at max_length=48 tokens before their "
+                                      r"end-of-turn token", cut[0]), cut

@@ -317,8 +317,8 @@ def _check_losses(run: _Run) -> float | None:
             kept = f"The last good checkpoint is kept in {good[-1]}." if good else "No checkpoint was saved before it."
             raise TrainingError(
                 f"The loss became {value} at step {step}; the weights are no longer usable. {kept}",
-                "lower learning_rate (e.g. by 10x), keep max_grad_norm set, or use precision='bf16' "
-                "instead of fp16.", step=step)
+                f"lower learning_rate ({_lower_rate(run.config)}), keep max_grad_norm set, or use "
+                "precision='bf16' instead of fp16.", step=step)
         run.guard.observe(step, value)
     run.state.start_loss = run.guard.start
     _check_divergence(run, partial=run.state.step >= run.total_steps)

@@ -50,6 +50,7 @@ from workbench.tasks.causal_lm_data import (
     duplicate_notes,
     encode_chat,
     encode_text,
+    format_fix,
     normalize_messages,
     prompt_and_reference,
     row_problem,
@@ -140,18 +141,18 @@ class CausalLMTask:
             if len(ds) == 0:
                 raise DataError(f"The {split} split is empty (0 rows).",
                                 "check the file or split name, or the max_*_rows caps.")
-            fmt = detect_format([c for c in ds.column_names if c != ROW_COLUMN], self.settings)
+            columns = [c for c in ds.column_names if c != ROW_COLUMN]  # not the file-row index we added
+            fmt = detect_format(columns, self.settings)
             if self.format is not None and fmt != self.format:
                 raise DataError(f"The train split holds {self.format} rows but {split} holds {fmt} rows.",
                                 "give both splits the same columns.")
             self.format = fmt
             needed = {"messages": [self.settings.messages_column], "text": [self.settings.text_column],
                       "prompt_completion": [self.settings.prompt_column, self.settings.completion_column]}[fmt]
-            missing = [c for c in needed if c not in ds.column_names]
+            missing = [c for c in needed if c not in columns]
             if missing:
                 raise DataError(f"The {split} split has no column {missing[0]!r} for data_format={fmt!r}; "
-                                f"available: {', '.join(ds.column_names)}.",
-                                "set the *_column settings to your column names.")
+                                f"its columns: {', '.join(columns)}.", format_fix(columns, self.settings, fmt))
             self._check_rows(splits, split, needed)
         self._check_generation()
         self.notes += self._system_prompt_notes(splits["train"])
@@ -302,10 +303,11 @@ class CausalLMTask:
                                f"after max_length={max_length} tokens ({where}{', ...' if len(dropped) > 3 else ''}"
                                "). Raise max_length to keep them.", "warn"))
         if cut and cut * 2 >= len(all_ids):
-            share = "every" if cut == len(all_ids) else f"{cut} of {len(all_ids)}"
-            self.notes.append((f"{share} {split} answer is cut at max_length={max_length} tokens before its "
-                               "end-of-turn token: the model learns to start answers but not to stop them. "
-                               f"Raise max_length (longest row here: {max(map(len, all_ids))}+ tokens).", "warn"))
+            cut_short = (f"every {split} answer is cut at max_length={max_length} tokens before its" if cut == len(all_ids)
+                         else f"{cut} of {len(all_ids)} {split} answers are cut at max_length={max_length} tokens "
+                              "before their")
+            self.notes.append((f"{cut_short} end-of-turn token: the model learns to start answers but not to stop "
+                               f"them. Raise max_length (longest row here: {max(map(len, all_ids))}+ tokens).", "warn"))
         return CausalLMDataset(all_ids, all_labels)
 
     def collator(self, tokenizer):

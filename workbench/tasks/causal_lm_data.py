@@ -80,7 +80,27 @@ def detect_format(columns: Sequence[str], settings: TrainConfig) -> str:
         f"{settings.prompt_column!r} + {settings.completion_column!r} columns, or a "
         f"{settings.text_column!r} column.",
         "rename the columns, or set messages_column / prompt_column + completion_column / "
-        "text_column to the names your data uses.")
+        "text_column to the names your data uses (data_format: auto then finds the format from them; "
+        "or set data_format: messages | prompt_completion | text).")
+
+
+COLUMN_SETTINGS = {"messages": "messages_column", "text": "text_column",
+                   "prompt_completion": "prompt_column and completion_column"}
+
+
+def format_fix(columns: Sequence[str], settings: TrainConfig, fmt: str) -> str:
+    """The fix for columns that do not fit ``data_format=fmt``: the format they do fit, when one does."""
+    from dataclasses import replace
+
+    try:
+        fits = detect_format(columns, replace(settings, data_format="auto"))
+    except DataError:
+        fits = None
+    if fits is not None and fits != fmt:
+        return (f"set data_format: {fits} (what these columns hold), or data_format: auto to find it from the "
+                f"columns; or set {COLUMN_SETTINGS[fmt]} to the names your data uses.")
+    return (f"set {COLUMN_SETTINGS[fmt]} to the names your data uses, or data_format to the format it has "
+            "(auto | messages | prompt_completion | text).")
 
 
 # ShareGPT rows ({"from": "human", "value": ...}) and their role names, read as {role, content}.
