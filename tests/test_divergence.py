@@ -124,7 +124,7 @@ def _healthy(name: str, model, data, tmp_path, **settings) -> dict:
 
 
 def test_a_fresh_classifier(tiny_bert, tmp_path):
-    f = _healthy("fresh", tiny_bert, make_dataset(320, 64, seed=5), tmp_path, max_steps=80, **{
+    f = _healthy("fresh", tiny_bert, make_dataset(320, 64, seed=5), tmp_path, max_steps=120, **{
         **CLASSIFIER, "warmup_ratio": 0.1})
     assert f["verdict"] == "better" and f["start"] == pytest.approx(math.log(2), abs=0.02)
 
@@ -153,7 +153,7 @@ def test_batch_size_one(trained_tiny_bert, tmp_path):
 
 
 def test_warm_up_to_a_high_but_workable_rate(tiny_bert, tmp_path):
-    f = _healthy("warm-up-high-rate", tiny_bert, make_dataset(320, 64, seed=5), tmp_path, max_steps=60,
+    f = _healthy("warm-up-high-rate", tiny_bert, make_dataset(320, 64, seed=5), tmp_path, max_steps=100,
                  **{**CLASSIFIER, "learning_rate": 1e-2, "warmup_ratio": 0.3})
     assert f["verdict"] == "better"
 
