@@ -108,8 +108,9 @@ def _old_rule_stop(losses: list[float], num_classes: int, total_steps: int) -> i
 
 
 def _say(name: str, f: dict) -> None:
+    n = lambda value: "?" if value is None else f"{value:.3f}"  # noqa: E731 — a start that was not measured
     print(f"\nFIGURES {name}: {f['status']} after {f['steps']} steps; peak loss {f['peak']:.3f} (step "
-          f"{f['peak_step']}) vs bound {f['bound']:.3f} (start {f['start']:.3f}, window {f['window']}); first batch "
+          f"{f['peak_step']}) vs bound {n(f['bound'])} (start {n(f['start'])}, window {f['window']}); first batch "
           f"{f['first_loss']:.3f}; the old rule stops it at step {f['old_rule_stops_at']}; verdict {f['verdict']}; "
           f"{f['metrics']}")
 
