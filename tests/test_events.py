@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -199,3 +200,19 @@ def test_follow_missing_folder_or_log_gives_a_clear_error(tmp_path):
         next(follow(tmp_path, poll_s=1.0, wait_for_log_s=3, sleep=naps.append))
     assert "output_dir" in info.value.fix
     assert sum(naps) == 3
+
+
+def test_follow_stops_for_a_killed_run_even_when_its_pid_lives_on(tmp_path):
+    """kill -9 leaves the lock file naming the dead process; the PID may belong to another process
+    by now (here: this one). The lock, held by nobody, says the writer is gone."""
+    from workbench.engine import run_lock
+
+    with EventLog(tmp_path, tensorboard=False) as log:
+        log.write("start", total_steps=9)  # its pid: this live process
+    (tmp_path / run_lock.LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": "here"}))
+    start = read_events(tmp_path)[0]
+    assert writer_alive(start) is True and writer_alive(start, tmp_path) is False
+    with run_lock.acquire(tmp_path):  # a live run holds it: alive
+        assert writer_alive(start, tmp_path) is True
+    events = list(follow(tmp_path, poll_s=0.5, sleep=lambda s: None))
+    assert [e["kind"] for e in events] == ["start"]

@@ -268,9 +268,23 @@ def read_events(output_dir: str | os.PathLike) -> list[Event]:
     return [e for e in map(_parse, lines) if e is not None]
 
 
-def writer_alive(start_event: Event) -> bool | None:
+def writer_alive(start_event: Event, output_dir: str | os.PathLike | None = None) -> bool | None:
     """Whether the process that wrote ``start_event`` still runs; None when unknowable
-    (another machine or container, or an old log without a pid)."""
+    (another machine or container, or an old log without a pid).
+
+    With ``output_dir``, the run's lock answers first (``run_lock.probe``): held means alive on
+    any host that shares locks, and a lock file nobody holds is what a killed run leaves, dead
+    whatever process now has its PID. Only a folder without a lock file (a writer that never
+    took one) falls back to the PID.
+    """
+    if output_dir is not None:
+        from workbench.engine.run_lock import lock_path, probe
+
+        held = probe(output_dir)
+        if held:
+            return True
+        if held is False and lock_path(output_dir).exists():
+            return False
     pid, host = start_event.get("pid"), start_event.get("host")
     if not isinstance(pid, int) or host != socket.gethostname():
         return None
@@ -357,7 +371,7 @@ def follow(
                 and last_kind != "end"
                 and last_start is not None
                 and idle_polls * poll_s >= 2.0
-                and writer_alive(last_start) is False
+                and writer_alive(last_start, output_dir) is False
             ):
                 return
         sleep(poll_s)
