@@ -209,10 +209,10 @@ def test_follow_stops_for_a_killed_run_even_when_its_pid_lives_on(tmp_path):
 
     with EventLog(tmp_path, tensorboard=False) as log:
         log.write("start", total_steps=9)  # its pid: this live process
-    (tmp_path / run_lock.LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": "here"}))
     start = read_events(tmp_path)[0]
-    assert writer_alive(start) is True and writer_alive(start, tmp_path) is False
     with run_lock.acquire(tmp_path):  # a live run holds it: alive
         assert writer_alive(start, tmp_path) is True
+    (tmp_path / run_lock.LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": "here"}))  # as kill -9 leaves it
+    assert writer_alive(start) is True and writer_alive(start, tmp_path) is False
     events = list(follow(tmp_path, poll_s=0.5, sleep=lambda s: None))
     assert [e["kind"] for e in events] == ["start"]
