@@ -13,6 +13,6 @@ injected after its ``parameters`` cell, into its own folder ``outputs/<sweep>/<c
     cli.py      ``workbench sweep``
 
 Imports: papermill and jupyter_client (through ``workbench.notebook_regression``'s worker),
-``workbench.engine.runs`` to read the runs; never torch: the training happens in the
-notebooks' kernels.
+``workbench.engine.runs`` to read the runs and ``workbench.engine.run_lock`` for the one-sweep-
+per-folder lock; never torch: the training happens in the notebooks' kernels.
 """
