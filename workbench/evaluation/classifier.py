@@ -21,7 +21,7 @@ from workbench.evaluation.targets import Target
 def load_labelled(data, text_columns, label_column: str):
     """The rows to score: a file or folder (its test, validation or only split), a DatasetDict or a Dataset."""
     if isinstance(data, (str, Path)):
-        from workbench.sources.data import load_files
+        from workbench.sources.data_files import load_files
 
         data = load_files(data)
     if hasattr(data, "keys"):

@@ -213,7 +213,7 @@ def heldout_rows(run: Target, record: dict, data=None) -> list[dict]:
 
     from workbench.config import TrainConfig
     from workbench.shipping.chat_template import analyse, end_of_turn_id
-    from workbench.tasks.causal_lm import detect_format, to_messages
+    from workbench.tasks.causal_lm_data import detect_format, to_messages
 
     splits = _heldout_split(run, record, data)
     settings = TrainConfig(**{k: v for k, v in (record.get("config") or {}).items()
