@@ -50,4 +50,4 @@ def sentiment_data():
 
 
 # Causal-LM fixtures (smollm2_dir, tiny_llama_dir) live in their own module.
-from llm_fixtures import smollm2_dir, tiny_llama_dir  # noqa: E402, F401
+from llm_fixtures import smollm2_dir, tiny_llama_dir, tiny_lora_run  # noqa: E402, F401

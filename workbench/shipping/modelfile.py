@@ -23,7 +23,6 @@ from workbench.errors import ExportError
 from workbench.shipping.chat_template import TemplateShape
 
 MODELFILE = "Modelfile"
-_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # dropped by Ollama's parser: not writable
 
 
 def quote(value: str, what: str) -> str:
@@ -32,9 +31,11 @@ def quote(value: str, what: str) -> str:
         raise ExportError(f"The {what} contains three double quotes in a row (\"\"\"), which an Ollama "
                           "Modelfile cannot hold: its parser ends the value there.",
                           f"change the {what} (e.g. use single quotes), or write the Modelfile by hand.")
-    bad = _UNPRINTABLE.search(value)
-    if bad:
-        raise ExportError(f"The {what} contains the control character {bad.group()!r}, which Ollama's "
+    # Ollama's parser keeps only what Go's unicode.IsPrint accepts (as str.isprintable does),
+    # plus the tabs and line breaks between words: anything else would vanish from the value.
+    bad = next((c for c in value if c not in "\t\r\n" and not c.isprintable()), None)
+    if bad is not None:
+        raise ExportError(f"The {what} contains the invisible character {bad!r} (U+{ord(bad):04X}), which Ollama's "
                           "Modelfile parser silently drops.", f"remove it from the {what}.")
     return f'"""{value}"""'
 
