@@ -10,6 +10,12 @@ follows the workbench modules each module reaches. The rules (``docs/architectur
   ML libraries): starting the lab stays fast and small.
 * ``tasks/`` never reaches ``engine/``: the engine asks, the task answers.
 * ``gpu/`` (the NVML layer) knows nothing of the engine, the tasks or the views.
+* ``evaluation/`` and ``shipping/`` never reach a view (the notebook bar is ``widgets/evaluation.py``,
+  attached by ``frontend.py``).
+* ``engine/`` reaches ``shipping/`` only through the card writer (``shipping/card.py``, which it calls
+  for every model folder it saves) and never reaches ``evaluation/``; ``tasks/`` reaches neither.
+* The card writer reaches no model library (transformers, datasets, peft, gguf, lm_eval): a card costs
+  no loading. (torch is reachable through ``engine/events.py``'s lazy TensorBoard writer, never called.)
 * No circles between modules: what two modules both need lives in a third.
 
 Each rule is checked on the real package and, so that the check itself can fail, on a
@@ -123,12 +129,19 @@ def rule_breaks(graph) -> dict[str, list]:
     pkg = next(iter(graph)).split(".")[0]
     p = lambda *names: tuple(f"{pkg}.{n}" for n in names)  # noqa: E731
     front_end = (*FRONT_END[:2], f"{pkg}.widgets")
+    card = f"{pkg}.shipping.card"
+    beyond_card = (*p("evaluation"), *(m for m in graph if _is(m, p("shipping")) and m not in (card, f"{pkg}.shipping")))
     return {
         "engine reaches a view or the server": violations(graph, p("engine"), (*front_end, *p("server"))),
         "server reaches the engine, tasks, sources or torch":
             violations(graph, p("server"), (*p("engine", "tasks", "sources"), *HEAVY)),
         "tasks reach the engine": violations(graph, p("tasks"), p("engine")),
         "gpu reaches the engine, tasks or views": violations(graph, p("gpu"), (*p("engine", "tasks"), *front_end)),
+        "evaluation or shipping reaches a view": violations(graph, p("evaluation", "shipping"), front_end),
+        "engine reaches evaluation or shipping beyond the card writer": violations(graph, p("engine"), beyond_card),
+        "tasks reach evaluation or shipping": violations(graph, p("tasks"), p("evaluation", "shipping")),
+        "the card writer reaches a model library": violations(graph, (card,), ("transformers", "datasets", "peft",
+                                                                                "gguf", "lm_eval")),
         "import circles": circles(graph),
     }
 
@@ -174,6 +187,19 @@ BROKEN = {
     "tasks reach the engine": {"tasks/causal_lm.py": "from pkg.engine.checkpoint import write\n",
                                "engine/checkpoint.py": ""},
     "gpu reaches the engine, tasks or views": {"gpu/nvml.py": "import ipywidgets\n"},
+    "evaluation or shipping reaches a view": {
+        "evaluation/harness.py": "def run():\n    from pkg.evaluation import progress\n",
+        "evaluation/progress.py": "def bar():\n    from pkg.widgets import evaluation\n",
+        "widgets/evaluation.py": "",
+    },
+    "engine reaches evaluation or shipping beyond the card writer": {
+        "engine/checkpoint.py": "from pkg.shipping.card import write_card\n",
+        "shipping/card.py": "def write_card():\n    from pkg.shipping import gguf_export\n",
+        "shipping/gguf_export.py": "",
+    },
+    "tasks reach evaluation or shipping": {"tasks/causal_lm.py": "def finish():\n    from pkg.shipping import card\n",
+                                           "shipping/card.py": ""},
+    "the card writer reaches a model library": {"shipping/card.py": "def build():\n    import transformers\n"},
     "import circles": {
         "server/guard.py": "from pkg.server import identity\n",
         "server/identity.py": "from pkg.server.origins import allowed\n",
