@@ -96,6 +96,8 @@ def test_the_port_reads_ollamas_own_examples():
     '"starts with one',
     "  leading and trailing spaces  ",
     "two\nlines\n\nwith a blank one\n",
+    'the first line ends with "a quote"\nand the value goes on',  # ends a "..." value early
+    '"a quoted line"\n"and another"',
     "# not a comment\nFROM not a command",
     "tabs\tinside",
     "{{ .System }} and {{ braces }}",
