@@ -30,7 +30,14 @@ from workbench.shipping import card as cards
 from workbench.shipping.chat_template import analyse, end_of_turn_id, stop_strings
 from workbench.shipping.gguf_writer import TYPES, GGUFFacts, write_gguf
 from workbench.shipping.modelfile import MODELFILE, modelfile_text
-from workbench.shipping.verify import Verification, check_header, read_header, require, round_trip
+from workbench.shipping.verify import (
+    Verification,
+    check_header,
+    quiet_loading,
+    read_header,
+    require,
+    round_trip,
+)
 
 REPORT = "export.json"
 MERGED_DIR = "model_merged"  # = workbench.tasks.causal_lm.MERGED_DIR
@@ -193,7 +200,8 @@ def export(run: str | Path, gguf: str = "q8_0", *, output_dir: str | Path | None
         check = None
         if verify:
             log("checking the round trip: reading the file back through transformers and comparing logits")
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+            with quiet_loading():
+                model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
             check = round_trip(tmp / file_name, source, facts, source_model=model, tokenizer=tokenizer)
             del model
             log(("passed: " if check.passed else "FAILED: ") + check.summary())
