@@ -16,6 +16,10 @@ follows the workbench modules each module reaches. The rules (``docs/architectur
   for every model folder it saves) and never reaches ``evaluation/``; ``tasks/`` reaches neither.
 * The card writer reaches no model library (transformers, datasets, peft, gguf, lm_eval): a card costs
   no loading. (torch is reachable through ``engine/events.py``'s lazy TensorBoard writer, never called.)
+* ``classroom/`` (the class service, run next to JupyterHub) never reaches torch or the other
+  ML libraries, the tasks, sources, widgets or the server: the hub's machine has none of them.
+* The kernel side of the class service (``course/``, ``classroom/client.py`` and
+  ``record.py``) never reaches tornado or jupyterhub: a check cell stays standard library.
 * No circles between modules: what two modules both need lives in a third.
 
 Each rule is checked on the real package and, so that the check itself can fail, on a
@@ -32,6 +36,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 FRONT_END = ("ipywidgets", "IPython.display", "workbench.widgets")
 HEAVY = ("torch", "transformers", "datasets", "accelerate", "peft", "bitsandbytes")
+WEB_STACK = ("tornado", "jupyterhub")
 # Notebook-only helpers the engine may call into without following their display code.
 NOTEBOOK_HELPERS = ("workbench.notebook_regression.record",)
 
@@ -142,6 +147,10 @@ def rule_breaks(graph) -> dict[str, list]:
         "tasks reach evaluation or shipping": violations(graph, p("tasks"), p("evaluation", "shipping")),
         "the card writer reaches a model library": violations(graph, (card,), ("transformers", "datasets", "peft",
                                                                                 "gguf", "lm_eval")),
+        "classroom reaches torch, tasks, sources, widgets or the server":
+            violations(graph, p("classroom"), (*HEAVY, *front_end, *p("tasks", "sources", "server"))),
+        "the check cells reach tornado or jupyterhub":
+            violations(graph, p("course", "classroom.client", "classroom.record"), WEB_STACK),
         "import circles": circles(graph),
     }
 
@@ -200,6 +209,14 @@ BROKEN = {
     "tasks reach evaluation or shipping": {"tasks/causal_lm.py": "def finish():\n    from pkg.shipping import card\n",
                                            "shipping/card.py": ""},
     "the card writer reaches a model library": {"shipping/card.py": "def build():\n    import transformers\n"},
+    "classroom reaches torch, tasks, sources, widgets or the server": {
+        "classroom/store.py": "def rows():\n    from pkg.classroom import tables\n",
+        "classroom/tables.py": "import torch\n",
+    },
+    "the check cells reach tornado or jupyterhub": {
+        "course/checks.py": "from pkg.classroom import client\n",
+        "classroom/client.py": "def send():\n    from jupyterhub.services.auth import HubAuth\n",
+    },
     "import circles": {
         "server/guard.py": "from pkg.server import identity\n",
         "server/identity.py": "from pkg.server.origins import allowed\n",

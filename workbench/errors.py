@@ -94,6 +94,10 @@ class OutputDirLockedError(WorkbenchError):
         super().__init__(message, fix)
 
 
+class ClassroomError(WorkbenchError):
+    """The class service (``workbench classroom``) cannot start or cannot use its database."""
+
+
 class EvaluationError(WorkbenchError):
     """A model cannot be evaluated as asked: an unknown task, a dataset not cached offline, ..."""
 
