@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -42,37 +41,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from offline import go_offline  # noqa: E402
 
+from workbench.sources.synthetic_llm import write_color_task  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results" / "evaluate_vs_lm_eval_cli.json"
-COLORS = ["red", "blue", "green", "yellow", "purple", "orange", "white", "black", "grey", "pink"]
-TASK_YAML = """task: bench_colors
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
-
-
-def write_task(folder: Path, n: int, seed: int = 0) -> str:
-    rng = random.Random(seed)
-    with (folder / "colors.jsonl").open("w") as f:
-        for i in range(n):
-            owner, color = f"Person {i}", rng.choice(COLORS)
-            notes = f"{owner}'s kite is {color}. The weather was mild all week."
-            f.write(json.dumps({"question": f"{notes} What color is {owner}'s kite?", "choices": COLORS,
-                                "answer": COLORS.index(color)}) + "\n")
-    (folder / "colors.yaml").write_text(TASK_YAML.format(data=folder / "colors.jsonl"))
-    return "bench_colors"
-
-
 VARIANT_A = """
 import json, sys, workbench
 args = json.loads(sys.argv[1])
@@ -142,7 +113,7 @@ def main() -> None:
         tmp = Path(tmp)
         include_path = str(tmp / "tasks")
         Path(include_path).mkdir()
-        task = args.task or write_task(Path(include_path), limit)
+        task = args.task or write_color_task(include_path, limit, name="bench_colors")
         payload = json.dumps({"model": model, "task": task, "include_path": include_path, "limit": limit,
                               "batch_size": args.batch_size, "dtype": args.dtype})
         cli = [str(Path(sys.executable).with_name("lm_eval")), "run", "--model", "hf", "--model_args",

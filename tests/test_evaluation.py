@@ -17,32 +17,14 @@ import pytest
 import workbench
 from workbench.errors import EvaluationError
 
-MC_TASK = """task: colors_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
-
 
 @pytest.fixture(scope="module")
 def local_tasks(tmp_path_factory) -> Path:
-    """A folder with one harness task YAML on a local JSONL file (4 three-way questions)."""
+    """A folder with one harness task YAML on a local JSONL file (4 ten-way questions)."""
+    from workbench.sources.synthetic_llm import write_color_task
+
     folder = tmp_path_factory.mktemp("tasks")
-    colors = ["blue", "red", "green"]
-    rows = [{"question": f"Anna's kite is {c}. What color is Anna's kite?", "choices": colors, "answer": colors.index(c)}
-            for c in ["blue", "red", "green", "blue"]]
-    (folder / "colors.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "colors.yaml").write_text(MC_TASK.format(data=folder / "colors.jsonl"))
+    write_color_task(folder, 4)
     return folder
 
 

@@ -91,14 +91,7 @@ def evaluate(models, tasks: Sequence[str] | str = ("heldout",), *, include_path=
             "log_samples": log_samples, "seconds": round(time.perf_counter() - started, 2),
             "lm_eval_version": metadata.version("lm_eval"),
         }
-        scores = ModelScores(target.label, results, meta)
-        if save_results and target.run_dir is not None:
-            save(target.run_dir, scores, samples)
-            _refresh_cards(target)
-        scored.append(scores)
-        emit({"kind": "evaluate_end", "model": target.label, "seconds": meta["seconds"],
-              "scores": [{k: r[k] for k in ("column", "value", "stderr")} for r in scores.rows()],
-              "saved": str(scores.saved) if scores.saved else None})
+        scored.append(_keep(target, ModelScores(target.label, results, meta), samples, save_results, emit))
     return EvaluationResult(scored)
 
 
@@ -115,15 +108,19 @@ def _classifier_reports(chosen, data, text_columns, label_column, batch_size, de
             results, meta = classifier.report(target, data, text_columns=text_columns, label_column=label_column,
                                               batch_size=int(batch_size) if str(batch_size).isdigit() else 32,
                                               device=device)
-        scores = ModelScores(target.label, results, meta)
-        if save_results and target.run_dir is not None:
-            save(target.run_dir, scores, None)
-            _refresh_cards(target)
-        scored.append(scores)
-        emit({"kind": "evaluate_end", "model": target.label, "seconds": meta["seconds"],
-              "scores": [{k: r[k] for k in ("column", "value", "stderr")} for r in scores.rows()],
-              "saved": str(scores.saved) if scores.saved else None})
+        scored.append(_keep(target, ModelScores(target.label, results, meta), None, save_results, emit))
     return EvaluationResult(scored)
+
+
+def _keep(target, scores: ModelScores, samples: dict | None, save_results: bool, emit) -> ModelScores:
+    """A run's scores into its folder (and its cards rewritten with them); the end event either way."""
+    if save_results and target.run_dir is not None:
+        save(target.run_dir, scores, samples)
+        _refresh_cards(target)
+    emit({"kind": "evaluate_end", "model": target.label, "seconds": scores.meta["seconds"],
+          "scores": [{k: r[k] for k in ("column", "value", "stderr")} for r in scores.rows()],
+          "saved": str(scores.saved) if scores.saved else None})
+    return scores
 
 
 def _default_device() -> str:
