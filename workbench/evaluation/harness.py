@@ -67,7 +67,7 @@ def evaluate(models, tasks: Sequence[str] | str = ("heldout",), *, include_path=
                                   "pass data='test.csv' (a labelled file) with text_columns= and label_column=.")
         return _classifier_reports(chosen, data, text_columns, label_column or "label", batch_size, device,
                                    save_results, emit)
-    plan, manager = task_plans.plan(tasks, include_path=include_path, targets=chosen, data=data, limit=limit)
+    plan, manager = task_plans.plan(tasks, include_path=include_path, targets=chosen, data=data)
 
     for note in plan.notes:
         emit({"kind": "message", "text": note, "level": "info"})

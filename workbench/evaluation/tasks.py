@@ -70,7 +70,7 @@ def task_manager(include_path: list[str], defaults: bool = True):
     return TaskManager(include_path=include_path or None, include_defaults=defaults)
 
 
-def plan(tasks, *, include_path=None, targets: list[Target], data=None, limit=None) -> tuple[TaskPlan, object]:
+def plan(tasks, *, include_path=None, targets: list[Target], data=None) -> tuple[TaskPlan, object]:
     """The tasks to run (``heldout`` made here) and the harness's TaskManager that knows them all."""
     if isinstance(tasks, str):
         tasks = [tasks]
