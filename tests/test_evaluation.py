@@ -87,6 +87,9 @@ def test_scores_reach_the_runs_table_and_the_model_card(base_vs_tuned):
     row = table.rows()[0]
     assert row["heldout/acc"] == pytest.approx(result["tuned"].score("heldout/acc"))
     assert "heldout/acc" in table.format()
+    from workbench.widgets.runs import _html_table
+
+    assert "<th>heldout/acc</th>" in _html_table(table.rows(), [])  # the notebook's runs browser shows them too
     text = (run / "model_merged" / "README.md").read_text()
     assert "## Evaluations" in text and "| heldout | acc |" in text
     meta = __import__("yaml").safe_load(text.split("---\n", 2)[1])
