@@ -178,6 +178,14 @@ def test_a_running_run_has_no_note_that_contradicts_it(tmp_path):
     assert table["live"].status == "interrupted" and "stopped without an end event" in table["live"].problem
 
 
+def test_a_lock_that_cannot_be_checked_is_said_so_and_never_hangs_the_table(tmp_path):
+    folder = _unended_run(tmp_path / "odd", socket.gethostname())
+    (folder / run_lock.LOCK_FILE).unlink()
+    os.mkfifo(folder / run_lock.LOCK_FILE)  # a read of it would wait forever for a writer
+    row = runs.read_run(folder)
+    assert row.status == "interrupted" and "its lock cannot be checked" in row.problem
+
+
 def test_a_run_whose_host_is_gone_is_lost_after_the_stated_time(tmp_path):
     fresh = _unended_run(tmp_path / "fresh", "gpu-node-7", silent_s=30)
     row = runs.read_run(fresh)  # its lock may be invisible from here (no shared locks): running, said why

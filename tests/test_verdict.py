@@ -101,8 +101,10 @@ def test_a_classifier_flat_at_ln2_is_said_to_have_learned_nothing_everywhere(tin
                for w in warnings)
     assert sum("so it is not kept as best/" in w for w in warnings) == 1
     assert "Learned nothing" in capsys.readouterr().err  # no view attached: printed
-    # The end event, read back from the folder by anything (a model card)
+    # The end event and the run record, read back from the folder by anything; the model card of model/
     assert read_verdict(out) == result.verdict == result_from_disk(out).verdict
+    assert json.loads((out / "run.json").read_text())["verdict"] == result.verdict
+    assert "Learned nothing: eval_accuracy 0.5" in (out / "model" / "README.md").read_text()
     # The runs table
     row = runs.read_run(out)
     assert row.status == "completed" and row.verdict == "LEARNED NOTHING" and "Learned nothing" in row.problem

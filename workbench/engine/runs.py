@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.benchmarks import benchmark_columns
 from workbench.engine.events import EVENTS_FILE, read_events
 from workbench.engine.progress import (
     RunHistory,
@@ -54,7 +55,7 @@ LOST_AFTER_S = 600.0  # no lock held and no event for this long, on another host
 CHECKPOINTS = "checkpoints"  # = checkpoint.CHECKPOINTS (that module imports torch)
 RUN_RECORD = "run.json"
 # A run's own sub-folders: never searched for more runs.
-_RUN_PARTS = {CHECKPOINTS, "model", "best", "model_merged", "tensorboard"}
+_RUN_PARTS = {CHECKPOINTS, "model", "best", "model_merged", "tensorboard", "evaluation"}
 # Settings that differ between any two runs and say nothing about the training.
 _NOT_SETTINGS = {"output_dir", "resume"}
 
@@ -82,6 +83,7 @@ class Run:
     settings: dict[str, Any] = field(default_factory=dict)  # the TrainConfig of the last start
     problem: str | None = None  # why the folder is broken, or what is odd about it
     host: str | None = None  # where the run last started (its start event, or the lock's record)
+    benchmarks: dict[str, float] = field(default_factory=dict)  # "arc_easy/acc": the newest score (evaluation/)
 
     def history(self) -> RunHistory:
         """The run's curves (train loss, evals), read now: call again for a running run's new points."""
@@ -114,21 +116,23 @@ def read_run(path: str | os.PathLike, name: str | None = None, *, lost_after_s: 
     if half_written and not held:  # while running, the line being written; otherwise a kill's leftover
         notes.append(f"the last line of {EVENTS_FILE} is half-written")
     _settle_status(run, held, notes, lost_after_s)
+    run.benchmarks = read_benchmarks(path)
     return run
 
 
 def _settle_status(run: Run, held: bool | None, notes: list[str], lost_after_s: float) -> None:
     """The status from the lock and the log, and one note that agrees with it."""
-    holder = read_holder(run.path) if held is not False or run.status == "ended-without-end" else None
+    # Read only a lock file the probe could lock: one it could not (a FIFO, say) may never answer a read.
+    holder = read_holder(run.path) if held or (held is False and run.status == "ended-without-end") else None
     host = (holder or {}).get("host") if isinstance((holder or {}).get("host"), str) else run.host
     run.host = host
     if held:
         run.status, run.verdict = "running", None  # a resumed run: the verdict of its earlier part is stale
         if not (holder and "pid" in holder):
             notes.append("the lock's record is not written yet (the run is starting) or unreadable")
-    if held is None and (run.path / LOCK_FILE).exists():
+    elif held is None and (run.path / LOCK_FILE).exists():
         notes.append("its lock cannot be checked (not a regular file, or a file system without locks)")
-    elif run.status == "ended-without-end":
+    if run.status == "ended-without-end":
         silent_s = _silent_for(run.path)
         elsewhere = host is not None and host != socket.gethostname()
         if elsewhere and silent_s is not None and silent_s < lost_after_s:
@@ -148,6 +152,15 @@ def _settle_status(run: Run, held: bool | None, notes: list[str], lost_after_s: 
         run.problem = "; ".join(notes) if run.problem is None else f"{run.problem}; " + "; ".join(notes)
 
 
+def read_benchmarks(path: Path) -> dict[str, float]:
+    """The run's benchmark columns (``workbench.evaluate`` saves them in ``evaluation/``); {} when none
+    or unreadable: a results file never breaks the table."""
+    try:
+        return benchmark_columns(path)
+    except Exception:  # noqa: BLE001 - as for the rest of a row: the table must always come back
+        return {}
+
+
 def _silent_for(path: Path) -> float | None:
     """Seconds since the run's log was last written (None: no log)."""
     try:
@@ -156,7 +169,7 @@ def _silent_for(path: Path) -> float | None:
         return None
 
 
-def _read_log(run: Run, data: bytes) -> list[str]:
+def _read_log(run: Run, data: bytes) -> tuple[list[str], bool]:
     """Fill ``run`` from its log; returns (notes about the log, whether its last line is half-written).
     Without an ``end`` after the last start, the status is left as "ended-without-end" for
     ``_settle_status`` to decide."""
@@ -399,14 +412,17 @@ class RunsTable:
                                         for r in shown}) > 1]
 
     def rows(self, runs: Iterable[Run] | None = None) -> list[dict[str, Any]]:
-        """One dict per run: the fixed columns, the final eval metrics, then the differing settings."""
+        """One dict per run: the fixed columns, the final eval metrics, the benchmark scores
+        (``arc_easy/acc``...), then the differing settings."""
         chosen = list(self.runs if runs is None else runs)
         settings = self.differing_settings(chosen)
         metric_names = sorted({k for r in chosen for k in r.metrics})
+        benchmark_names = sorted({k for r in chosen for k in r.benchmarks})
         rows = []
         for run in chosen:
             row = {name: getattr(run, name) for name in COLUMNS}
             row.update({name: run.metrics.get(name) for name in metric_names})
+            row.update({name: run.benchmarks.get(name) for name in benchmark_names})
             row.update({name: _cell(run.settings.get(name)) for name in settings})
             rows.append(row)
         return rows

@@ -24,8 +24,9 @@ at least 0.01. A loss is averaged over many tokens or rows: 0.5% of the baseline
 What it decides: an evaluation is kept as ``best/`` only when it is ``better`` than the
 classifier's baselines or than the base model (when the base model's evaluation is known;
 with only the run's first evaluation as a baseline, every evaluation competes as before).
-At the end, the final evaluation's verdict goes into the ``end`` event (``verdict``), the
-result (``FitResult.verdict``), the runs table (its ``verdict`` column) and the views.
+At the end, the final evaluation's verdict goes into the run record (``run.json``, before
+``model/`` and its model card are written), the ``end`` event (``verdict``), the result
+(``FitResult.verdict``), the runs table (its ``verdict`` column) and the views.
 
 Stop early, or warn? Warn, at the end, every time, never silently; do not stop. An
 evaluation at the baseline mid-run is not a ruined run: classifiers often sit at chance for
