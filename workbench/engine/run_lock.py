@@ -27,14 +27,17 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.safe_read import read_text_bounded
 from workbench.errors import OutputDirLockedError, WorkbenchError
 
 LOCK_FILE = ".workbench.lock"
+MAX_RECORD_BYTES = 64 << 10  # the holder's record is a few hundred bytes
 
 
 def lock_path(output_dir: str | os.PathLike) -> Path:
@@ -44,7 +47,9 @@ def lock_path(output_dir: str | os.PathLike) -> Path:
 def read_holder(output_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The record of the run that holds (or last held, if it died) the folder; None if none."""
     try:
-        text = lock_path(output_dir).read_text(encoding="utf-8")
+        # Bounded and without blocking (engine/safe_read.py): in a folder someone else made, the
+        # lock may be a FIFO or a link to a device; that raises UnreadableFileError (an OSError).
+        text = read_text_bounded(lock_path(output_dir), MAX_RECORD_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
@@ -118,7 +123,11 @@ def acquire(output_dir: str | os.PathLike) -> RunLock:
     output_dir.mkdir(parents=True, exist_ok=True)
     path = lock_path(output_dir)
     for _ in range(10):  # retried only when the file was replaced under us (see below)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO there would block the read of the record
+            os.close(fd)
+            raise WorkbenchError(f"{path} is not a file (a named pipe or a device): it cannot be this folder's lock.",
+                                 f"remove it (rm {path}), or pass another output_dir.")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
