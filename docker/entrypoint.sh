@@ -15,6 +15,17 @@
 # a pipe rather than in the server's environment.
 set -euo pipefail
 
+# Empty or relative PATH entries mean the current folder (/workspace, which every notebook can
+# write): a planted `mkdir` or `python3` there would run in place of the real one, here and in
+# the server's kernels and terminals. Only absolute folders stay (as in `workbench lab`).
+path_entries=()
+absolute_path=""
+IFS=: read -ra path_entries <<< "${PATH:-}"
+for entry in "${path_entries[@]}"; do
+    case "$entry" in /*) absolute_path="${absolute_path:+$absolute_path:}$entry" ;; esac
+done
+export PATH="$absolute_path"
+
 : "${WORKBENCH_NOTEBOOK_DIR:=/workspace}"
 : "${WORKBENCH_IP:=0.0.0.0}"           # inside the container; compose publishes it on 127.0.0.1
 : "${WORKBENCH_PORT:=8888}"

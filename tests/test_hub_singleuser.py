@@ -90,8 +90,12 @@ def test_configure_changes_nothing_standalone_and_swaps_the_guard_under_the_hub(
     c = Config()
     assert hub_singleuser.configure(c, {}) is None
     assert "jpserver_extensions" not in c.ServerApp
+    c.ServerApp.jpserver_extensions = {"workbench.server.guard": True, "workbench.server.tensorboard": True,
+                                       "jupyter_server_proxy": False}
     assert hub_singleuser.configure(c, HUB_ENV).user == "alice"
-    assert c.ServerApp.jpserver_extensions == {"workbench.server.guard": False, "workbench.server.hub_singleuser": True}
+    # The guard is swapped; what the configuration set besides stays (TensorBoard on, the open proxy off).
+    assert c.ServerApp.jpserver_extensions == {"workbench.server.guard": False, "workbench.server.hub_singleuser": True,
+                                               "workbench.server.tensorboard": True, "jupyter_server_proxy": False}
     assert c.IdentityProvider.token == ""
 
 
@@ -293,6 +297,24 @@ def test_hub_mode_refuses_the_token_from_another_site(hub_server, origin):
         response = http().request(method, f"{hub_server.url}/api/contents", headers=headers, json={"type": "file"})
         assert response.status_code == 403, (method, response.status_code, response.text[:300])
         assert response.headers.get("Access-Control-Allow-Origin") is None
+
+
+def test_hub_mode_serves_tensorboard_and_keeps_the_open_proxy_closed(hub_server):
+    """The configuration's extensions survive the swap to the hub's guard: TensorBoard is served
+    at /user/<name>/tensorboard/, and /proxy/<port> (a tunnel to any local port) is not."""
+    from lab_helpers import http
+    from process_tree import check_process_tree
+
+    auth = {"Authorization": f"token {USER_TOKEN}"}
+    board = http().get(f"{hub_server.url}/tensorboard/", headers=auth, timeout=150)
+    assert board.status_code == 200 and b"TensorBoard" in board.content, board.text[:300]
+    for path in (f"/proxy/{hub_server.port}/api/contents", f"/proxy/absolute/{hub_server.port}/api/contents",
+                 f"/proxy/127.0.0.1:{hub_server.port}/api/contents"):
+        assert http().get(f"{hub_server.url}{path}", headers=auth).status_code == 404, path
+    # Every process of the hub-mode server is one server/processes.py lists (tests/test_processes.py
+    # does the same for `workbench lab` and the entry point).
+    kinds = {seen.kind for seen in check_process_tree(hub_server.process.pid, USER_TOKEN)}
+    assert "TensorBoard" in kinds, kinds
 
 
 def test_hub_mode_serves_the_token_from_its_own_origin(hub_server):

@@ -50,8 +50,9 @@ def load_config(monkeypatch, euid: int = 1000, **env: str) -> Config:
 
 def test_config_sets_the_secure_values(monkeypatch):
     c = load_config(monkeypatch, JUPYTER_TOKEN=GOOD_TOKEN, WORKBENCH_NOTEBOOK_DIR="/srv/work")
+    # No open /proxy/<port>, and no language servers started in the notebook folder.
     assert c.ServerApp.jpserver_extensions == {"workbench.server.guard": True, "workbench.server.tensorboard": True,
-                                               "jupyter_server_proxy": False}  # no open /proxy/<port>
+                                               "jupyter_server_proxy": False, "jupyter_lsp": False}
     assert c.ServerApp.identity_provider_class == "workbench.server.identity.WorkbenchIdentityProvider"
     assert c.IdentityProvider.cookie_options == {"samesite": "Strict"}
     assert c.IdentityProvider.token == GOOD_TOKEN

@@ -182,8 +182,8 @@ def test_a_lock_that_cannot_be_checked_is_said_so_and_never_hangs_the_table(tmp_
     folder = _unended_run(tmp_path / "odd", socket.gethostname())
     (folder / run_lock.LOCK_FILE).unlink()
     os.mkfifo(folder / run_lock.LOCK_FILE)  # a read of it would wait forever for a writer
-    row = runs.read_run(folder)
-    assert row.status == "interrupted" and "its lock cannot be checked" in row.problem
+    row = runs.read_run(folder)  # no run's folder: broken, and why (tests/test_hostile_run_folders.py: the rest)
+    assert row.status == "broken" and "cannot read .workbench.lock: it is a named pipe" in row.problem
 
 
 def test_a_run_whose_host_is_gone_is_lost_after_the_stated_time(tmp_path):

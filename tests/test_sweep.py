@@ -173,7 +173,7 @@ def test_slurm_array_script_passes_shellcheck(tmp_path, capsys):
     assert f"sbatch {script}" in capsys.readouterr().out
     text = script.read_text()
     assert "#SBATCH --array=0-2%2" in text and "#SBATCH --requeue" in text and "--gpus-per-task=1" in text
-    assert 'srun "$python" -m workbench.sweep.slurm "$plan" "$index"' in text
+    assert 'srun "$python" -c "$launch" workbench.sweep.slurm "$plan" "$index"' in text
     shellcheck = Path(sys.executable).with_name("shellcheck")
     proc = subprocess.run([str(shellcheck), "--shell=bash", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

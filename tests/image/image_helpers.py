@@ -164,3 +164,41 @@ def offline_model_mounts() -> tuple[str, ...]:
     if os.environ.get("WORKBENCH_TEST_CACHE") and Path(os.environ["WORKBENCH_TEST_CACHE"]).is_dir():
         mounts += ["-v", f"{os.environ['WORKBENCH_TEST_CACHE']}:{MODELS_DIR}/cache:ro"]
     return tuple(mounts)
+
+
+def run_cell(lab: Lab, kernel_id: str, code: str, timeout: float = 120) -> str:
+    """Run ``code`` in a kernel of the lab over its websocket, as JupyterLab does; its printed output.
+
+    Raises AssertionError when the cell fails."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    msg_id = uuid.uuid4().hex
+    request = {"header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex, "msg_type":
+                          "execute_request", "version": "5.3", "date": ""},
+               "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+               "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+                           "allow_stdin": False, "stop_on_error": True}}
+
+    async def talk() -> str:
+        url = f"ws://127.0.0.1:{lab.port}/api/kernels/{kernel_id}/channels?token={lab.token}"
+        conn = await websocket_connect(HTTPRequest(url, headers={"Origin": lab.url}, connect_timeout=30))
+        conn.write_message(json.dumps(request))
+        out = []
+        while True:
+            message = json.loads(await asyncio.wait_for(conn.read_message(), timeout))
+            if message.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = message["header"]["msg_type"]
+            if kind == "stream":
+                out.append(message["content"]["text"])
+            elif kind == "error":
+                out.append("\n".join(message["content"]["traceback"]))
+            elif kind == "execute_reply":
+                conn.close()
+                assert message["content"]["status"] == "ok", "".join(out)
+                return "".join(out)
+
+    return asyncio.run(talk())

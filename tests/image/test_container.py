@@ -238,6 +238,104 @@ def test_module_planted_in_the_workspace_is_not_imported(fresh_labs):
     assert not started, started
 
 
+# What a notebook cell writes into /workspace: a TensorBoard package where the server starts
+# TensorBoard, modules ipykernel imports on its own beside the notebook. Each writes a marker.
+PLANTED_BY_A_CELL = r"""
+import pathlib
+def plant(path, name):
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"open('/workspace/PLANTED-{name}', 'w').write('ran')\n")
+plant('/workspace/tensorboard/__init__.py', 'tensorboard')
+plant('/workspace/packaging.py', 'packaging')
+for name in ('psutil', 'debugpy', 'jedi', 'ipykernel_launcher'):
+    plant(f'/workspace/notebooks/{name}.py', name)
+pathlib.Path('/workspace/notebooks/helpers.py').write_text('VALUE = 42\n')
+print('planted')
+"""
+
+
+def _session(lab, path: str) -> dict:
+    status, body = lab.request("/api/sessions", method="POST", body={
+        "path": path, "name": path.rsplit("/", 1)[-1], "type": "notebook", "kernel": {"name": "python3"}})
+    assert status == 201, body[:500]
+    return json.loads(body)
+
+
+def test_code_a_notebook_plants_does_not_run_in_a_kernel_or_tensorboard(fresh_labs):
+    """Security round 4, items 1 and 2: a cell plants code in /workspace; the TensorBoard tab, a
+    restarted kernel and the reopened notebook run none of it (a helper module still imports)."""
+    from image_helpers import run_cell
+
+    lab = fresh_labs.start()
+    status, body = lab.request("/api/contents/notebooks/lesson.ipynb", method="PUT", body={
+        "type": "notebook", "format": "json", "content": {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}})
+    assert status in (200, 201), body[:300]
+    first = _session(lab, "notebooks/lesson.ipynb")
+    assert "planted" in run_cell(lab, first["kernel"]["id"], PLANTED_BY_A_CELL)
+    # A restart shuts the kernel down (ipykernel imports psutil then); then the notebook is reopened.
+    status, _ = lab.request(f"/api/kernels/{first['kernel']['id']}/restart", method="POST", timeout=120)
+    assert status == 200
+    lab.request(f"/api/sessions/{first['id']}", method="DELETE", timeout=60)
+    again = _session(lab, "notebooks/lesson.ipynb")
+    assert run_cell(lab, again["kernel"]["id"], "import helpers; print(helpers.VALUE)").strip() == "42"
+    lab.request(f"/api/sessions/{again['id']}", method="DELETE", timeout=60)
+    workspace = Path(podman("volume", "inspect", "--format", "{{.Mountpoint}}", lab.volumes["workspace"]).stdout.strip())
+    assert (workspace / "tensorboard" / "__init__.py").exists(), "the cell planted its files"
+    assert sorted(p.name for p in workspace.glob("PLANTED-*")) == [], "planted code ran in a kernel"
+    status, body = lab.request("/tensorboard/", timeout=150)  # TensorBoard starts in /workspace
+    assert status == 200 and b"TensorBoard" in body, body[:300]
+    assert sorted(p.name for p in workspace.glob("PLANTED-*")) == [], "planted code ran in TensorBoard"
+
+
+TYPED_BACKDOOR = r"""
+import os
+open('/tmp/BACKDOOR-RAN', 'w').write('ran')
+os.remove(__file__)
+from jupyter_server.auth.identity import User
+from jupyter_server.base import handlers
+_real = handlers.JupyterHandler.identity_provider
+class _Open:
+    def __init__(self, provider):
+        self._provider = provider
+    def __getattr__(self, name):
+        return getattr(self._provider, name)
+    def get_user(self, handler):
+        return User('intruder')
+handlers.JupyterHandler.identity_provider = property(lambda self: _Open(_real.fget(self)))
+"""
+
+
+def test_typed_jupyter_lab_runs_no_user_config_file(fresh_labs):
+    """Item 7: a notebook leaves a self-deleting backdoor in the user's Jupyter config folder
+    ($JUPYTER_CONFIG_DIR, on /tmp); `jupyter lab` typed in a terminal starts as `workbench lab`
+    and never runs it, and a hand-typed `python3 -P -m jupyterlab` is stopped before it runs."""
+    from image_helpers import Lab, free_port
+
+    lab = fresh_labs.start()
+    config_dir = lab.exec("bash", "-c", "echo $JUPYTER_CONFIG_DIR").stdout.strip()
+    plant = f"mkdir -p {config_dir} && cat > {config_dir}/jupyter_config.py <<'EOF'\n{TYPED_BACKDOOR}\nEOF"
+    lab.exec("bash", "-c", plant)
+    typed = Lab(lab.name, free_port(), lab.token, lab.volumes)
+    podman("exec", "-d", lab.name, "bash", "-c", f"jupyter lab --port={typed.port} --no-browser > /tmp/typed.log 2>&1")
+    try:
+        typed.wait_ready()
+    except AssertionError:
+        raise AssertionError(lab.exec("cat", "/tmp/typed.log", check=False).stdout[-3000:]) from None
+    assert typed.request("/api/contents", token=False)[0] == 403
+    assert typed.request("/api/kernels", token=False, method="POST", body={"name": "python3"})[0] == 403
+    assert typed.request("/api/contents")[0] == 200
+    assert lab.exec("test", "-e", "/tmp/BACKDOOR-RAN", check=False).returncode != 0, "the backdoor ran"
+    log = lab.exec("cat", "/tmp/typed.log").stdout
+    assert "workbench lab:" in log, log[-2000:]
+    # Typed without the image's jupyter-lab: stopped by /etc/jupyter/jupyter_config.py first.
+    lab.exec("bash", "-c", plant)
+    done = lab.exec("python3", "-P", "-m", "jupyterlab", f"--port={free_port()}", "--no-browser", check=False,
+                    timeout=120)
+    assert done.returncode != 0 and "would run the Python config file" in done.stderr + done.stdout, done
+    assert lab.exec("test", "-e", "/tmp/BACKDOOR-RAN", check=False).returncode != 0, "the backdoor ran"
+
+
 # --- the image's main job -------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ What only the loop uses sits beside it, one job a module:
     watcher.py      ``watch``: follow a run's events.jsonl from another process
     runs.py         ``runs``: every run under a folder as a table (``workbench runs DIR``)
     benchmarks.py   the benchmark scores ``workbench.evaluate`` saved in a run folder, read back
+    safe_read.py    reading run folders someone else made: regular files only, bounded
     results.py      FitResult, and rebuilding it from a run folder
     runtime.py      the one answer to "am I in a Jupyter kernel?"
     train_cli.py    ``workbench train --config FILE``

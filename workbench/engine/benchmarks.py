@@ -14,8 +14,14 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from workbench.engine.safe_read import read_text_bounded
+
 EVALUATION_DIR = "evaluation"
 RESULTS_GLOB = "results-*.json"
+# The runs table reads folders it did not write (safe_read.py): a results file is at most this
+# big (the harness's full results with every config is well under 1 MB; per-sample logs are
+# separate files) and must be a regular file, never a pipe or a device.
+MAX_RESULTS_BYTES = 16 << 20
 
 
 def evaluation_results(run_dir: str | os.PathLike, folders: Iterable[str] | None = None) -> list[dict]:
@@ -31,7 +37,7 @@ def evaluation_results(run_dir: str | os.PathLike, folders: Iterable[str] | None
         return []
     for path in paths:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_text_bounded(path, MAX_RESULTS_BYTES))
         except (OSError, ValueError):
             continue
         meta = data.get("workbench") if isinstance(data, dict) else None

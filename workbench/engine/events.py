@@ -28,9 +28,15 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from workbench.engine.safe_read import UnreadableFileError, open_regular, read_bounded
 from workbench.errors import NoEventLogError, WorkbenchError
 
 EVENTS_FILE = "events.jsonl"
+# What a reader takes in at most (engine/safe_read.py): a log of 256 MiB is about a million
+# events; a larger "log" is a sparse file or a link to a device, not a run's.
+MAX_LOG_BYTES = 256 << 20
+MAX_LINE_BYTES = 16 << 20  # one event; a longer "line" is not an event log
+_FOLLOW_CHUNK = 16 << 20  # read per poll by follow()
 TENSORBOARD_DIR = "tensorboard"
 KINDS = ("start", "train", "eval", "checkpoint", "message", "end")
 
@@ -261,11 +267,18 @@ def read_events(output_dir: str | os.PathLike) -> list[Event]:
     """
     path = events_path(output_dir)
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, MAX_LOG_BYTES)
     except FileNotFoundError:
         return []
+    except UnreadableFileError as exc:
+        raise unreadable_log(path, exc) from None
     lines = data.split(b"\n")[:-1]  # the piece after the last newline is incomplete
     return [e for e in map(_parse, lines) if e is not None]
+
+
+def unreadable_log(path: Path, exc: OSError) -> WorkbenchError:
+    return WorkbenchError(f"{path} cannot be read as a run's event log: {exc.strerror or exc}.",
+                          f"this is not a log the workbench wrote; remove or replace {path.name}, or look at another run.")
 
 
 def writer_alive(start_event: Event, output_dir: str | os.PathLike | None = None) -> bool | None:
@@ -337,21 +350,29 @@ def follow(
     last_kind = None
     idle_polls = 0
     while True:
+        chunk, size = b"", 0
         try:
-            size = path.stat().st_size
+            # A regular file only, opened without blocking (a FIFO would wait for a writer forever),
+            # read a bounded piece per poll (a link to /dev/zero or a sparse file never ends).
+            fd = open_regular(path)
         except FileNotFoundError:
-            size = 0
-        if size < position:  # the file was replaced or truncated: start over
-            position, pending = 0, b""
-        chunk = b""
-        if size > position:
-            with path.open("rb") as f:
-                f.seek(position)
-                chunk = f.read(size - position)
+            fd = None
+        except UnreadableFileError as exc:
+            raise unreadable_log(path, exc) from None
+        if fd is not None:
+            with os.fdopen(fd, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < position:  # the file was replaced or truncated: start over
+                    position, pending = 0, b""
+                if size > position:
+                    f.seek(position)
+                    chunk = f.read(min(size - position, _FOLLOW_CHUNK))
             position += len(chunk)
         if chunk:
             idle_polls = 0
             *lines, pending = (pending + chunk).split(b"\n")
+            if len(pending) > MAX_LINE_BYTES:
+                raise unreadable_log(path, OSError(0, f"a line of more than {MAX_LINE_BYTES:,} bytes"))
             for line in lines:
                 event = _parse(line)
                 if event is None:
@@ -360,7 +381,7 @@ def follow(
                 if last_kind == "start":
                     last_start = event
                 yield event
-            if stop_when_ended and last_kind == "end":
+            if stop_when_ended and last_kind == "end" and position >= size:
                 return
         else:
             idle_polls += 1
@@ -374,4 +395,5 @@ def follow(
                 and writer_alive(last_start, output_dir) is False
             ):
                 return
-        sleep(poll_s)
+        if position >= size:  # caught up; otherwise the next piece of a long log at once
+            sleep(poll_s)

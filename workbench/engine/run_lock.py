@@ -38,11 +38,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.safe_read import read_text_bounded
 from workbench.errors import OutputDirLockedError, WorkbenchError
 
 LOCK_FILE = ".workbench.lock"
 PROBE_PATIENCE_S = 0.5  # acquire's retries while another process may only be probing the lock
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+MAX_RECORD_BYTES = 64 << 10  # the holder's record is a few hundred bytes
 
 
 def lock_path(output_dir: str | os.PathLike, lock_file: str = LOCK_FILE) -> Path:
@@ -52,7 +54,9 @@ def lock_path(output_dir: str | os.PathLike, lock_file: str = LOCK_FILE) -> Path
 def read_holder(output_dir: str | os.PathLike, lock_file: str = LOCK_FILE) -> dict[str, Any] | None:
     """The record of the run that holds (or last held, if it died) the folder; None if none."""
     try:
-        text = lock_path(output_dir, lock_file).read_text(encoding="utf-8")
+        # Bounded and without blocking (engine/safe_read.py): in a folder someone else made, the
+        # lock may be a FIFO or a link to a device; that raises UnreadableFileError (an OSError).
+        text = read_text_bounded(lock_path(output_dir, lock_file), MAX_RECORD_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
@@ -133,7 +137,11 @@ def acquire(output_dir: str | os.PathLike, *, lock_file: str = LOCK_FILE, kind: 
     output_dir.mkdir(parents=True, exist_ok=True)
     path = lock_path(output_dir, lock_file)
     for _ in range(10):  # retried only when the file was replaced under us (see below)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO there would block the read of the record
+            os.close(fd)
+            raise WorkbenchError(f"{path} is not a file (a named pipe or a device): it cannot be this folder's lock.",
+                                 f"remove it (rm {path}), or pass another output_dir.")
         try:
             _flock_patiently(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         except OSError as exc:

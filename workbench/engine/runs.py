@@ -16,6 +16,8 @@ crashed: run it again to resume) or, for a run on another host silent for ``LOST
 A run on another host whose lock this host cannot see (a file system that does not share
 locks) but whose log was written within ``LOST_AFTER_S`` counts as running. ``verdict``
 says whether a completed run learned anything (``engine/verdict.py``).
+Folders someone else made -- a FIFO or ``/dev/zero`` in place of a file, links that loop --
+are read in bounded time and memory (``safe_read.py``, ``_walk``) and are broken rows too.
 
 Fast on purpose: a table of 200 runs of 1,000 events each is read in well under a
 second (``benchmarks/runs_table.py``), because train lines, the bulk of a log, are not
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.engine.benchmarks import benchmark_columns
-from workbench.engine.events import EVENTS_FILE, read_events
+from workbench.engine.events import EVENTS_FILE, MAX_LOG_BYTES, read_events
 from workbench.engine.progress import (
     RunHistory,
     format_bytes,
@@ -48,6 +50,7 @@ from workbench.engine.progress import (
     verdict_label,
 )
 from workbench.engine.run_lock import LOCK_FILE, probe, read_holder
+from workbench.engine.safe_read import UnreadableFileError, read_bounded, read_text_bounded
 from workbench.errors import WorkbenchError
 
 STATUSES = ("running", "completed", "interrupted", "failed", "lost", "broken")
@@ -88,7 +91,11 @@ class Run:
     def history(self) -> RunHistory:
         """The run's curves (train loss, evals), read now: call again for a running run's new points."""
         history = RunHistory()
-        for event in read_events(self.path):
+        try:
+            events = read_events(self.path)
+        except WorkbenchError:  # a FIFO, a device, a huge file: the row already says why
+            events = []
+        for event in events:
             history.add(event)
         return history
 
@@ -99,7 +106,8 @@ def read_run(path: str | os.PathLike, name: str | None = None, *, lost_after_s: 
     run = Run(path=path, name=name or path.name)
     held = probe(path)  # before the log: a run that ends meanwhile then shows its end
     try:
-        data = (path / EVENTS_FILE).read_bytes()
+        # Regular files only, at most MAX_LOG_BYTES (engine/safe_read.py): never a FIFO or /dev/zero.
+        data = read_bounded(path / EVENTS_FILE, MAX_LOG_BYTES)
     except FileNotFoundError:
         data = None
     except OSError as exc:
@@ -107,6 +115,12 @@ def read_run(path: str | os.PathLike, name: str | None = None, *, lost_after_s: 
         data = None
     notes: list[str] = []
     half_written = False
+    if held is None:  # not a lock a probe could take: a FIFO, a device or a link in its place
+        try:
+            read_holder(path)
+        except UnreadableFileError as exc:  # no run's folder
+            run.problem = f"cannot read {LOCK_FILE}: {exc.strerror}"
+            return run
     if data is not None:
         notes, half_written = _read_log(run, data)
     elif run.problem is None:
@@ -123,7 +137,10 @@ def read_run(path: str | os.PathLike, name: str | None = None, *, lost_after_s: 
 def _settle_status(run: Run, held: bool | None, notes: list[str], lost_after_s: float) -> None:
     """The status from the lock and the log, and one note that agrees with it."""
     # Read only a lock file the probe could lock: one it could not (a FIFO, say) may never answer a read.
-    holder = read_holder(run.path) if held or (held is False and run.status == "ended-without-end") else None
+    try:
+        holder = read_holder(run.path) if held or (held is False and run.status == "ended-without-end") else None
+    except UnreadableFileError:  # replaced since the probe
+        holder = None
     host = (holder or {}).get("host") if isinstance((holder or {}).get("host"), str) else run.host
     run.host = host
     if held:
@@ -324,7 +341,7 @@ def _model_from_checkpoint(path: Path) -> str | None:
         return None
     for step in reversed(steps):
         try:
-            model = json.loads((step / RUN_RECORD).read_text(encoding="utf-8")).get("model")
+            model = json.loads(read_text_bounded(step / RUN_RECORD, 1 << 20)).get("model")
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(model, str):
@@ -335,31 +352,67 @@ def _model_from_checkpoint(path: Path) -> str | None:
 # -- finding runs ----------------------------------------------------------------------
 
 
-def find_run_folders(root: str | os.PathLike) -> list[Path]:
-    """Every run folder under ``root`` (``root`` itself included), sorted; a run's own
-    sub-folders (checkpoints, model, best, tensorboard) are not searched."""
-    root = Path(root)
-    found = []
-    stack = [root]
+# The walk stops after this many folders (links to a large tree, such as `/`, would otherwise
+# take minutes): far more than any outputs folder holds.
+MAX_FOLDERS = 50_000
+
+
+@dataclass
+class _Walk:
+    """What :func:`_walk` found: run folders, link loops, and where it stopped, if it did."""
+
+    runs: list[Path] = field(default_factory=list)
+    loops: list[tuple[Path, Path]] = field(default_factory=list)  # (link, the folder it leads back to)
+    stopped_at: Path | None = None
+
+
+def _walk(root: Path, max_folders: int = MAX_FOLDERS) -> _Walk:
+    """Every run folder under ``root``; a run's own sub-folders (checkpoints, model, best,
+    tensorboard) are not searched. Links to folders are followed, except one that leads back
+    to a folder it is inside of (a loop: two links to ``.`` would make the walk endless)."""
+    walk = _Walk()
+    try:
+        top = os.stat(root)
+    except OSError:
+        return walk
+    # Each folder still to search, with the folders it is inside of: (device, inode) -> path.
+    stack = [(root, {(top.st_dev, top.st_ino): root})]
+    scanned = 0
     while stack:
-        folder = stack.pop()
+        folder, inside = stack.pop()
+        scanned += 1
+        if scanned > max_folders:
+            walk.stopped_at = folder
+            break
         try:
             entries = list(os.scandir(folder))
         except OSError:
             continue
-        names = {e.name for e in entries}
-        is_run = EVENTS_FILE in names or LOCK_FILE in names or CHECKPOINTS in names
+        is_run = any(e.name in (EVENTS_FILE, LOCK_FILE, CHECKPOINTS) for e in entries)
         if is_run:
-            found.append(folder)
+            walk.runs.append(folder)
         for entry in entries:
             if entry.name.startswith(".") or (is_run and entry.name in _RUN_PARTS):
                 continue
             try:
-                if entry.is_dir():
-                    stack.append(Path(entry.path))
+                if not entry.is_dir():
+                    continue
+                info = entry.stat()  # follows a link: the folder it leads to
             except OSError:
                 continue
-    return sorted(found)
+            key = (info.st_dev, info.st_ino)
+            if key in inside:
+                walk.loops.append((Path(entry.path), inside[key]))
+                continue
+            stack.append((Path(entry.path), {**inside, key: Path(entry.path)}))
+    walk.runs.sort()
+    return walk
+
+
+def find_run_folders(root: str | os.PathLike) -> list[Path]:
+    """Every run folder under ``root`` (``root`` itself included), sorted; a run's own
+    sub-folders (checkpoints, model, best, tensorboard) are not searched."""
+    return _walk(Path(root)).runs
 
 
 def runs(root: str | os.PathLike = "outputs") -> RunsTable:
@@ -369,13 +422,25 @@ def runs(root: str | os.PathLike = "outputs") -> RunsTable:
         raise WorkbenchError(f"There is no folder {root} to look for runs in.",
                              "pass the folder your runs' output_dir are in (e.g. 'outputs'); "
                              f"the current directory is {os.getcwd()}.")
+
+    def name_of(folder: Path) -> str:
+        return folder.relative_to(root).as_posix() if folder != root else folder.name
+
+    walk = _walk(root)
     rows = []
-    for folder in find_run_folders(root):
-        name = folder.relative_to(root).as_posix() if folder != root else folder.name
+    for folder in walk.runs:
+        name = name_of(folder)
         try:
             rows.append(read_run(folder, name))
         except Exception as exc:  # noqa: BLE001 — one odd folder must never break the table
             rows.append(Run(path=folder, name=name, problem=f"unreadable: {type(exc).__name__}: {exc}"))
+    for link, target in walk.loops:
+        rows.append(Run(path=link, name=name_of(link), problem=f"a link back to {name_of(target)!r}, a folder it "
+                        "is inside of (a loop): not searched"))
+    if walk.stopped_at is not None:
+        rows.append(Run(path=walk.stopped_at, name=name_of(walk.stopped_at), problem=(
+            f"the search for runs stopped here, after {MAX_FOLDERS:,} folders (a link to a large tree?); "
+            "pass a smaller folder")))
     return RunsTable(root, rows)
 
 

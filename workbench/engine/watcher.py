@@ -44,14 +44,15 @@ def watch(
             "check the path against the current directory " + repr(os.getcwd()) + ".",
         )
     log_path = events.events_path(output_dir)
-    if not follow and not log_path.is_file():
+    # exists(), not is_file(): a FIFO or a device in its place is reported as such by the reader.
+    if not follow and not log_path.exists():
         raise NoEventLogError(output_dir)
 
     try:
         if not follow:
             display.replay(events.read_events(output_dir))
         else:
-            if not log_path.is_file():
+            if not log_path.exists():
                 display.print(f"waiting up to {wait_for_log_s:.0f} s for {log_path} to appear...")
             for event in events.follow(output_dir, poll_s=poll_s, wait_for_log_s=wait_for_log_s):
                 display(event)

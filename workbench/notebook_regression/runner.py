@@ -23,6 +23,7 @@ from workbench.notebook_regression.console import Log
 from workbench.notebook_regression.outcome import notebook_result
 from workbench.notebook_regression.report import NotebookResult
 from workbench.notebook_regression.task import Task
+from workbench.server.processes import safe_module_argv
 
 KILL_GRACE_S = 5.0  # after SIGTERM, how long the worker gets to save before SIGKILL
 
@@ -78,7 +79,9 @@ class Runner:
         timed_out = False
         with open(task.log_path, "wb") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "workbench.notebook_regression", "--worker", str(task.spec_path)],
+                # -P: the current folder (often the notebooks' folder) is not on the worker's sys.path.
+                [*safe_module_argv(sys.executable, "workbench.notebook_regression"), "--worker",
+                 str(task.spec_path)],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -18,6 +18,16 @@ from typing import Any
 KERNEL_START_TIMEOUT_S = 120  # two busy cores can take a while to import ipykernel
 
 
+def literal_path(path: str) -> str:
+    """``path`` as papermill must be given it to open exactly that file.
+
+    papermill formats its paths with the parameters (``"{seed}.ipynb"`` -> ``"1.ipynb"``), so a
+    notebook whose name holds braces -- from a folder others can write -- would open another file,
+    fail, or (``{seed:>999999999}``) fill the memory. Doubled braces format to themselves.
+    """
+    return str(path).replace("{", "{{").replace("}", "}}")
+
+
 def execute_one(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Execute one notebook with papermill; return what happened as plain data.
 
@@ -27,6 +37,8 @@ def execute_one(spec: Mapping[str, Any]) -> dict[str, Any]:
     from jupyter_client.kernelspec import NoSuchKernel
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.exceptions import PapermillExecutionError
+
+    from workbench.server.kernels import SafePathKernelManager
 
     outcome: dict[str, Any] = {}
     for attempt in (1, 2):
@@ -40,14 +52,16 @@ def execute_one(spec: Mapping[str, Any]) -> dict[str, Any]:
 
         try:
             pm.execute_notebook(
-                spec["input_path"],
-                spec["output_path"],
+                literal_path(spec["input_path"]),
+                literal_path(spec["output_path"]),
                 parameters=spec.get("parameters") or {},
                 kernel_name=spec["kernel_name"],
                 language="python",  # lets papermill parameterize notebooks without kernel metadata
                 progress_bar=False,
                 log_output=True,
                 cwd=spec["cwd"],
+                # The kernel runs in the notebook's folder: nothing planted there runs as it starts.
+                kernel_manager_class=SafePathKernelManager,
                 start_timeout=KERNEL_START_TIMEOUT_S,
                 execution_timeout=spec["cell_timeout_s"],
                 on_notebook_start=on_notebook_start,

@@ -12,9 +12,13 @@ an unsafe server start:
     origins.py          which web origins may talk to the server
     identity.py         the identity provider: foreign origins refused even with the token
     integrity.py        the guard's own code and the ServerApp hooks checked against the installed files
-    kernels.py          the server's kernels start with -P (no module planted beside a notebook runs)
+    processes.py        every process the server starts, and how each imports nothing from the notebook folder
+    kernels.py          the server's kernels (and papermill's) start that way: nothing planted beside a notebook runs
+    tensorboard.py      TensorBoard at <lab>/tensorboard/, the only thing proxied
+    tensorboard_process.py  the TensorBoard process: -P, a Unix socket in a private folder, no TCP port
     hub_singleuser.py   the same server spawned by JupyterHub (the hub authenticates)
 
 Imports: ``workbench.errors`` and jupyter_server / tornado only. Nothing of the engine,
 the tasks or torch: starting the lab stays fast and small (``tests/test_import_graph.py``).
+``tensorboard_process.py`` imports TensorBoard, in its own process only.
 """

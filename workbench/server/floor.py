@@ -350,9 +350,21 @@ def check_import_path(sys_path: list[str], cwd: str, safe_path: bool, pythonpath
 
 
 def scrub_server_environment() -> None:
-    """Remove the credentials from os.environ: kernels and terminals copy it when they start."""
+    """Remove the credentials from os.environ: kernels and terminals copy it when they start.
+
+    And empty or relative PATH entries, which mean the working folder (the notebook folder
+    for a kernel, a terminal, nbconvert's pandoc): a program planted there under the name of
+    a command (``ls``, ``pandoc``, the terminal's shell) would run instead of it.
+    """
     for name in SCRUBBED_ENV:
         os.environ.pop(name, None)
+    if "PATH" in os.environ:
+        os.environ["PATH"] = absolute_path_entries(os.environ["PATH"])
+
+
+def absolute_path_entries(value: str) -> str:
+    """A PATH (or PYTHONPATH) value without its empty and relative entries."""
+    return os.pathsep.join(p for p in value.split(os.pathsep) if p and os.path.isabs(p))
 
 
 def effective_settings(serverapp) -> dict[str, object]:

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Iterator
 from urllib.parse import unquote
 
 from workbench.errors import LabConfigError
-from workbench.server import floor, hub_singleuser, integrity
+from workbench.server import floor, hub_singleuser, integrity, tensorboard
 from workbench.server.credentials import generated_token
 
 GUARD_EXTENSION = "workbench.server.guard"
@@ -84,6 +84,14 @@ def pin_guard_extension() -> None:
                 "were not checked.",
                 "look for an import error above (a module named `workbench` earlier on the "
                 "Python path?) and reinstall the workbench (`bash scripts/setup.sh`).",
+            ))
+        open_routes = tensorboard.open_proxy_routes(self.web_app)
+        if open_routes:  # standalone and under JupyterHub alike, whatever turned them on
+            raise refuse(LabConfigError(
+                f"jupyter-server-proxy's open routes ({', '.join(open_routes)}) are being served: they "
+                "tunnel to any port on this machine for whoever holds the token.",
+                f"set ServerApp.jpserver_extensions.{tensorboard.PROXY_EXTENSION} = False (the workbench "
+                "configuration does); TensorBoard is served at /tensorboard/ without them.",
             ))
 
     ServerApp.init_server_extensions = init_with_guard

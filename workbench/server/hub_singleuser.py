@@ -42,6 +42,7 @@ from workbench.errors import LabConfigError
 from workbench.server import floor, integrity
 from workbench.server.identity import refuse_foreign_origins
 from workbench.server.lab import (
+    check_config_path,
     check_server_options,
     find_server_config,
     isolate_environment,
@@ -151,12 +152,16 @@ def configure(c, environ: Mapping[str, str] | None = None) -> HubEnv | None:
 
     In hub mode: this module's guard extension replaces ``workbench.server.guard``'s, whose
     token rule and Host check are the hub's job here (see :func:`check_settings`), and no
-    workbench token is set (the hub's OAuth is the only way in).
+    workbench token is set (the hub's OAuth is the only way in). The other extensions stay as
+    the configuration set them (TensorBoard on, the open proxy and jupyter-lsp off).
     """
     hub = detect(environ)
     if hub is None:
         return None
-    c.ServerApp.jpserver_extensions = {"workbench.server.guard": False, "workbench.server.hub_singleuser": True}
+    # Added to the configuration's extensions, not in place of them: TensorBoard stays served and
+    # jupyter-server-proxy's open /proxy/<port> and jupyter-lsp stay off, as standalone.
+    c.ServerApp.jpserver_extensions = {**c.ServerApp.get("jpserver_extensions", {}),
+                                       "workbench.server.guard": False, "workbench.server.hub_singleuser": True}
     c.IdentityProvider.token = ""
     return hub
 
@@ -253,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("WORKBENCH_DRY_RUN") == "1":
         return 0
     private_config_dir(env["JUPYTER_CONFIG_DIR"])
+    try:
+        check_config_path(env)
+    except LabConfigError as exc:
+        print(_REFUSAL + str(exc), file=sys.stderr)
+        return 2
     os.execve(cmd[0], cmd, env)
     return 0  # not reached
 

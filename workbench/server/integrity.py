@@ -29,70 +29,100 @@ from workbench.server import floor
 def check_startup(serverapp) -> None:
     # The most specific first: a config file or the import path names the culprit.
     check_config_files(serverapp)
-    floor.check_import_path(sys.path, os.getcwd(), bool(sys.flags.safe_path), os.environ.get("PYTHONPATH", ""))
+    check_import_path()
     check_unpatched(serverapp)
+
+
+def check_import_path() -> None:
+    """This process was not started with the current folder on its import path (floor.check_import_path)."""
+    floor.check_import_path(sys.path, os.getcwd(), bool(sys.flags.safe_path), os.environ.get("PYTHONPATH", ""))
 
 
 # --- config files are Python: only the workbench's own may run ---------------------------------
 
 
-def _workbench_config_digest() -> str:
-    bundled = Path(__file__).with_name("jupyter_config") / "jupyter_server_config.py"
-    return hashlib.sha256(bundled.read_bytes()).hexdigest()
+# The workbench's Python config files: the server configuration, and the image's
+# /etc/jupyter/jupyter_config.py that refuses any other before it runs.
+WORKBENCH_CONFIG_FILES = ("jupyter_server_config.py", "jupyter_config.py")
+
+
+def _workbench_config_digests() -> set[str]:
+    folder = Path(__file__).with_name("jupyter_config")
+    return {hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in WORKBENCH_CONFIG_FILES}
 
 
 def python_config_files(serverapp) -> list[str]:
-    """The Python config files this server ran: ``jupyter_*config.py`` in its config folders.
+    """The Python config files this server runs: ``jupyter_*config.py`` in its config folders.
 
     (Found on disk rather than from traitlets' ``loaded_config_files``, which jupyter_server's
     apps leave empty.) Every jupyter_<app>_config.py there is run by the app of that name,
     jupyter_config.py by all of them; the ``--config`` file too.
     """
+    return config_files_in(serverapp.config_file_paths, serverapp.config_file)
+
+
+def config_files_in(folders, config_file: str | None = None) -> list[str]:
     files = []
-    for folder in serverapp.config_file_paths:
+    for folder in folders:
         try:
             names = sorted(os.listdir(folder))
         except OSError:
             continue
         files += [os.path.join(folder, n) for n in names if n.startswith("jupyter_") and n.endswith("config.py")]
-    if serverapp.config_file:
-        files.append(serverapp.config_file)
+    if config_file:
+        files.append(config_file)
     return list(dict.fromkeys(files))
 
 
-def check_config_files(serverapp) -> None:
-    """Refuse a server that ran a Python config file other than the workbench configuration.
-
-    A ``jupyter_config.py`` or ``jupyter_lab_config.py`` is code: it runs inside the server and
-    can patch anything. `workbench lab` and the image give the server a config folder of its
-    own, so none is found there; this catches the rest (JUPYTER_CONFIG_PATH, ~/.jupyter when
-    the server is started some other way). The code has already run when this check does:
-    it may have patched what checks it (see :func:`check_unpatched`), so the refusal is
-    a safety net; the config folder is the protection. JSON config files only set traits, which the floor
-    judges. A copy of the workbench configuration (/etc/jupyter's in the image) is accepted
-    by its content.
-    """
-    ours = _workbench_config_digest()
-    for name in python_config_files(serverapp):
+def foreign_config_files(files) -> list[str]:
+    """Those of ``files`` that are not a copy of one of the workbench's config files."""
+    ours = _workbench_config_digests()
+    foreign = []
+    for name in files:
         try:
             digest = hashlib.sha256(Path(name).read_bytes()).hexdigest()
         except OSError:
             digest = ""
-        if digest != ours:
-            raise LabConfigError(
-                f"the server ran the Python config file {name}, which is not the workbench "
-                "configuration: a config file is code that runs inside the server and can "
-                "switch its checks off.",
-                f"remove or rename {name} (JSON config files are fine); start the server with "
-                "`workbench lab`, which gives it a config folder of its own.",
-            )
+        if digest not in ours:
+            foreign.append(name)
+    return foreign
+
+
+def check_config_files(serverapp) -> None:
+    """Refuse a server that runs a Python config file other than the workbench configuration.
+
+    A ``jupyter_config.py`` or ``jupyter_lab_config.py`` is code: it runs inside the server and
+    can patch anything. `workbench lab` and the image give the server a config folder of its
+    own, so none is found there; this catches the rest (JUPYTER_CONFIG_PATH, ~/.jupyter when
+    the server is started some other way). Run by the guard, the code has already run: it may
+    have patched what checks it (see :func:`check_unpatched`), so that refusal is a safety net.
+    What runs it earlier: `workbench lab` and hub mode before they start the server
+    (``lab.check_config_path``), and in the image /etc/jupyter/jupyter_config.py, the first
+    config file every server loads (``jupyter_config/jupyter_config.py``). JSON config files
+    only set traits, which the floor judges. A copy of a workbench config file (/etc/jupyter's
+    in the image) is accepted by its content.
+    """
+    foreign = foreign_config_files(python_config_files(serverapp))
+    if foreign:
+        raise foreign_config_error(foreign[0])
+
+
+def foreign_config_error(name: str) -> LabConfigError:
+    return LabConfigError(
+        f"the server would run the Python config file {name}, which is not the workbench "
+        "configuration: a config file is code that runs inside the server and can "
+        "switch its checks off.",
+        f"remove or rename {name} (JSON config files are fine); start the server with "
+        "`workbench lab`, which gives it a config folder of its own.",
+    )
 
 
 # --- the guard's code is the installed code ---------------------------------------------------
 
 _GUARDED_MODULES = ("workbench.server.guard", "workbench.server.integrity", "workbench.server.floor",
                     "workbench.server.identity", "workbench.server.origins", "workbench.server.credentials",
-                    "workbench.server.hub_singleuser", "workbench.server.kernels")
+                    "workbench.server.hub_singleuser", "workbench.server.kernels",
+                    "workbench.server.processes", "workbench.server.tensorboard")
 
 
 def _functions(namespace: dict) -> dict[str, types.CodeType]:

@@ -1,47 +1,24 @@
-"""Kernels started without the notebook's folder first on sys.path.
+"""Kernels that import nothing from their notebook's folder while they start.
 
-A kernel spec runs ``python -m ipykernel_launcher`` in the notebook's folder, and ``-m``
-puts that folder first on sys.path: an ``ipykernel_launcher.py`` (or ``ipykernel/``,
-``zmq.py``...) planted next to a notebook would run as the kernel as soon as the notebook
-is opened. The workbench's kernel spec manager starts such kernels with ``-P`` and a
-one-line launcher that puts the folder back on sys.path *after the standard library*
-(where IPython itself puts it) once the kernel's own modules are imported: notebooks keep
-importing helper modules from their folder, as with any IPython kernel.
+A kernel spec runs ``python -m ipykernel_launcher`` in the notebook's folder, and ``-m`` puts
+that folder first on sys.path: an ``ipykernel_launcher.py`` -- or a ``psutil.py``, which
+ipykernel imports later, when the kernel is interrupted or shut down -- planted next to a
+notebook would run as soon as the notebook is opened. The server's kernel spec manager starts
+such kernels with ``server/processes.py``'s launcher instead: ``-P``, nothing from the folder
+until the first cell runs, then the folder after site-packages, so notebooks keep importing
+their helper modules. ``SafePathKernelManager`` does the same for the kernels papermill starts
+(``workbench sweep``, ``workbench regress``).
 
-Only kernels whose Python is the server's own are changed (``-P`` needs Python 3.11+);
-other kernel specs run as they are.
+Only kernels whose Python is the server's own are changed; other kernel specs run as they are.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
-
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import default
 
-# sys.argv[1:] is what follows -c (the "-f {connection_file}" of the kernel spec).
-LAUNCHER = (
-    "import os, sys; from ipykernel import kernelapp; "
-    "i = next((n for n, p in enumerate(sys.path) if os.path.basename(p) in ('site-packages', 'dist-packages')), "
-    "len(sys.path)); sys.path.insert(i, ''); kernelapp.launch_new_instance()"
-)
-
-
-def _is_this_python(executable: str) -> bool:
-    # jupyter_client runs a spec's "python", "python3" or "python3.X" with sys.executable.
-    if executable in {"python", f"python{sys.version_info[0]}", "python{}.{}".format(*sys.version_info[:2])}:
-        return True
-    found = shutil.which(executable) if not os.path.isabs(executable) else executable
-    return bool(found) and os.path.realpath(found) == os.path.realpath(sys.executable)
-
-
-def safe_kernel_argv(argv: list[str]) -> list[str]:
-    """``python -m ipykernel_launcher ARGS`` -> ``python -P -c LAUNCHER ARGS``; others unchanged."""
-    if (len(argv) >= 3 and argv[1:3] == ["-m", "ipykernel_launcher"] and sys.version_info >= (3, 11)
-            and _is_this_python(argv[0])):
-        return [argv[0], "-P", "-c", LAUNCHER, *argv[3:]]
-    return list(argv)
+from workbench.server.processes import safe_kernel_argv
 
 
 class SafePathKernelSpecManager(KernelSpecManager):
@@ -51,3 +28,11 @@ class SafePathKernelSpecManager(KernelSpecManager):
         spec = super().get_kernel_spec(kernel_name)
         spec.argv = safe_kernel_argv(spec.argv)
         return spec
+
+
+class SafePathKernelManager(AsyncKernelManager):
+    """The kernel manager papermill (nbclient) uses, with :class:`SafePathKernelSpecManager`'s kernels."""
+
+    @default("kernel_spec_manager")
+    def _safe_kernel_spec_manager(self) -> KernelSpecManager:
+        return SafePathKernelSpecManager(data_dir=self.data_dir)

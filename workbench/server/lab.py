@@ -28,7 +28,10 @@ from importlib import resources
 from pathlib import Path
 
 from workbench.errors import LabConfigError
+from workbench.server import integrity
 from workbench.server.credentials import TOKEN_FD_ENV
+from workbench.server.floor import absolute_path_entries
+from workbench.server.processes import safe_module_argv  # `python -m` without the current folder
 
 DEFAULT_PORT = 8888
 DEFAULT_IP = "127.0.0.1"  # loopback: reach it from elsewhere through an SSH tunnel
@@ -36,21 +39,6 @@ CONFIG_ENV = "WORKBENCH_SERVER_CONFIG"
 # The server's Jupyter config folder: emptied at every start (see private_config_dir).
 CONFIG_SUBDIR = "workbench-config"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-
-# `python -m X` puts the current folder first on sys.path, and the current folder is the default
-# notebook folder: a planted jupyterlab.py (or notebook_shim/, workbench/...) would run inside the
-# server. -P (Python 3.11+) leaves it off; on 3.10 the same from a one-line launcher that drops
-# the '' that -c adds before importing anything.
-_SAFE_MODULE_310 = ("import runpy, sys; sys.path.remove(''); "
-                    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
-
-
-def safe_module_argv(python: str, module: str) -> list[str]:
-    """Run ``python -m module`` without the current folder on sys.path."""
-    if sys.version_info >= (3, 11):
-        return [python, "-P", "-m", module]
-    return [python, "-c", _SAFE_MODULE_310, module]
-
 
 # --- extra JupyterLab options: an allow-list ------------------------------------------------
 # `workbench lab -- OPTIONS` and the image's entry point pass only these on. A deny-list
@@ -121,6 +109,9 @@ SERVER_OPTIONS: dict[str, Callable[[str], str | None]] = {
     "ContentsManager.allow_hidden": _boolean, "FileContentsManager.allow_hidden": _boolean,
 }
 SERVER_FLAGS = frozenset({"no-browser", "debug", "no-mathjax"})
+# Options that set what `workbench lab` sets itself from --ip, --port and --notebook-dir.
+_SAME_SETTING = {"ip": "ip", "ServerApp.ip": "ip", "port": "port", "ServerApp.port": "port",
+                 "notebook-dir": "root_dir", "ServerApp.root_dir": "root_dir", "ServerApp.notebook_dir": "root_dir"}
 
 
 def check_server_options(args: Sequence[str]) -> list[str]:
@@ -223,12 +214,16 @@ def build_command(
         )
     config = find_server_config(env)
     isolate_environment(env)
+    extra = check_server_options(extra_args)
+    # An option after -- that names the same setting wins (traitlets refuses two values): the
+    # image's `jupyter lab --port=9999` is `workbench lab -- --port=9999` (docker/jupyter-start.sh).
+    given = {_SAME_SETTING.get(option[2:].partition("=")[0]) for option in extra}
     argv = [
         *safe_module_argv(python, "jupyterlab"),
         f"--config={config}",
-        f"--ServerApp.ip={ip}",
-        f"--ServerApp.port={int(port)}",
-        f"--ServerApp.root_dir={root}",
+        *([f"--ServerApp.ip={ip}"] if "ip" not in given else []),
+        *([f"--ServerApp.port={int(port)}"] if "port" not in given else []),
+        *([f"--ServerApp.root_dir={root}"] if "root_dir" not in given else []),
     ]
     warnings = []
     if euid == 0:
@@ -245,26 +240,28 @@ def build_command(
             "Host-header check accepts only loopback addresses and WORKBENCH_LOCAL_HOSTNAMES; "
             "prefer `ssh -L 8888:127.0.0.1:8888 host` to opening the port."
         )
-    argv += check_server_options(extra_args)
+    argv += extra
     return LabCommand(argv=argv, env=env, warnings=warnings)
 
 
 def isolate_environment(env: dict[str, str]) -> None:
     """What the server imports and which config files it runs come from the workbench only.
 
-    * PYTHONPATH: empty or relative entries mean the current folder; they are dropped.
+    * PYTHONPATH and PATH: empty or relative entries mean the current folder (a planted module,
+      or a program named like a command); they are dropped.
     * Jupyter config files are Python: ``jupyter_config.py`` / ``jupyter_lab_config.py`` in
       ~/.jupyter, $JUPYTER_CONFIG_DIR or $JUPYTER_CONFIG_PATH could patch the guard before it
       runs. The server gets a config folder of its own, emptied at every start
       (:func:`private_config_dir`), and no JUPYTER_CONFIG_PATH; JupyterLab's settings and
       workspaces stay where they were. (The guard refuses any other Python config file.)
     """
-    if env.get("PYTHONPATH"):
-        kept = [p for p in env["PYTHONPATH"].split(os.pathsep) if p and os.path.isabs(p)]
-        if kept:
-            env["PYTHONPATH"] = os.pathsep.join(kept)
-        else:
-            env.pop("PYTHONPATH")
+    for name in ("PYTHONPATH", "PATH"):
+        if env.get(name):
+            kept = absolute_path_entries(env[name])
+            if kept:
+                env[name] = kept
+            else:
+                env.pop(name)
     user_config = env.get("JUPYTER_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".jupyter")
     env.setdefault("JUPYTERLAB_SETTINGS_DIR", os.path.join(user_config, "lab", "user-settings"))
     env.setdefault("JUPYTERLAB_WORKSPACES_DIR", os.path.join(user_config, "lab", "workspaces"))
@@ -279,6 +276,28 @@ def _runtime_dir(env: Mapping[str, str]) -> str:
 
     data = env.get("JUPYTER_DATA_DIR") or jupyter_data_dir()
     return os.path.join(data, "runtime")
+
+
+def check_config_path(env: Mapping[str, str]) -> None:
+    """Refuse to start a server whose config folders hold a Python config file that is not ours.
+
+    The folders the server will read with ``env`` (its own config folder, the system ones,
+    ``~/.local/etc/jupyter`` where user site-packages are on): checked here, before the server
+    runs any of them; the guard checks again after the fact.
+    """
+    from jupyter_core import paths
+
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        folders = paths.jupyter_config_path()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    foreign = integrity.foreign_config_files(integrity.config_files_in(folders))
+    if foreign:
+        raise integrity.foreign_config_error(foreign[0])
 
 
 def private_config_dir(path: str | os.PathLike[str]) -> Path:
@@ -337,6 +356,7 @@ def launch(
     if print_only:
         return 0
     private_config_dir(command.env["JUPYTER_CONFIG_DIR"])
+    check_config_path(command.env)
     pass_token_by_pipe(command.env)
     os.execve(command.argv[0], command.argv, command.env)
     return 0  # not reached

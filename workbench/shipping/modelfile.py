@@ -17,9 +17,8 @@ template's when no system message is given.
 
 from __future__ import annotations
 
-import re
-
 from workbench.errors import ExportError
+from workbench.script_values import comment_text
 from workbench.shipping.chat_template import TemplateShape
 
 MODELFILE = "Modelfile"
@@ -97,8 +96,7 @@ def modelfile_text(gguf_name: str, *, shape: TemplateShape | None, system: str |
     ``shape`` None (a template that could not be measured): no TEMPLATE line; Ollama then uses
     the template stored in the GGUF file.
     """
-    comment = re.sub(r"[\r\n]+", " ", title)
-    lines = [f"# {comment}",
+    lines = [f"# {comment_text(title)}",  # escaped: a line break in a run's name would end the comment
              "# ollama create NAME -f Modelfile && ollama run NAME   (written by `workbench export`)",
              f"FROM {quote('./' + gguf_name, 'file name')}"]
     if shape is not None and shape.ok:

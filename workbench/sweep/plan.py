@@ -19,10 +19,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.safe_read import read_text_bounded
 from workbench.errors import WorkbenchError
 from workbench.sweep.grid import Combination
 
 PLAN_FILE = "sweep.json"
+MAX_PLAN_BYTES = 64 << 20  # a plan of a million combinations is ~100 MB; nobody sweeps that
 STATUS_FILE = "sweep-status.json"
 
 
@@ -63,7 +65,7 @@ class Plan:
         if path.is_dir():
             path = path / PLAN_FILE
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_text_bounded(path, MAX_PLAN_BYTES))
         except (OSError, ValueError) as exc:
             raise WorkbenchError(f"Cannot read the sweep plan {path}: {exc}.",
                                  "run `workbench sweep NOTEBOOK --grid ...` first; it writes the plan.") from None
@@ -80,7 +82,8 @@ def write_json(path: Path, data: dict) -> Path:
 
 def read_status(folder: Path) -> dict[str, Any]:
     try:
-        status = json.loads((folder / STATUS_FILE).read_text(encoding="utf-8"))
+        # Bounded, regular files only: a FIFO here must not hang the sweep (engine/safe_read.py).
+        status = json.loads(read_text_bounded(folder / STATUS_FILE, 1 << 20))
     except (OSError, ValueError):
         return {}
     return status if isinstance(status, dict) else {}

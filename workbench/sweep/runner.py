@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from workbench.engine import run_lock
+from workbench.engine.safe_read import read_text_bounded
 from workbench.errors import ConfigError, WorkbenchError
+from workbench.server.processes import safe_module_argv
 from workbench.sweep import grid as grids
 from workbench.sweep.plan import Plan, read_status, write_json, write_status
 
@@ -128,8 +130,11 @@ def make_plan(notebook: str | os.PathLike, grid: Mapping[str, Sequence] | Iterab
                           fix="add it to the notebook's `parameters` cell, or sweep one of those.")
     output_parameter = "output_dir" if "output_dir" in declared else None
     name = name or f"{notebook.stem}-sweep"
-    if grids.combination_name({"n": name}) != f"n={name}" or "," in name or "=" in name:
-        raise ConfigError("name", name, "letters, digits, '.', '_', '-' (it is a folder name)")
+    if grids.combination_name({"n": name}) != f"n={name}" or "," in name or "=" in name or name.startswith("."):
+        # "." and ".." would put the sweep in (or above) --outputs itself; a hidden folder is
+        # not searched by the runs table.
+        raise ConfigError("name", name, "letters, digits, '.', '_', '-', not starting with '.' (it is a folder name)",
+                          fix="e.g. --name lr-sweep.")
     return Plan(name=name, root=str((Path(outputs) / name).resolve()), notebook=str(notebook), grid=grid,
                 parameters=parameters, combinations=grids.combinations(grid), kernel=kernel,
                 output_parameter=output_parameter, cell_timeout_s=cell_timeout_s, env=dict(env or {}))
@@ -138,7 +143,9 @@ def make_plan(notebook: str | os.PathLike, grid: Mapping[str, Sequence] | Iterab
 def _notebook_parameters(notebook: Path) -> dict[str, Any]:
     import papermill as pm
 
-    declared = pm.inspect_notebook(str(notebook))
+    from workbench.notebook_regression.worker import literal_path
+
+    declared = pm.inspect_notebook(literal_path(str(notebook)))
     if not declared:
         raise WorkbenchError(f"{notebook.name} has no `parameters` cell, so a sweep has nothing to change.",
                              "tag the cell that sets the settings with `parameters` (JupyterLab: the gear "
@@ -298,7 +305,8 @@ def run_combination(plan: Plan, combination: grids.Combination, device: str | No
     log(f"sweep {plan.name}: {combination.name}{where}: started")
     started = time.monotonic()
     with (folder / LOG_FILE).open("ab") as out:
-        proc = subprocess.run([sys.executable, "-m", "workbench.sweep.worker", str(spec_path)], stdout=out,
+        # In the notebook's folder, which the notebook can write: -P keeps it off the worker's sys.path.
+        proc = subprocess.run([*safe_module_argv(sys.executable, "workbench.sweep.worker"), str(spec_path)], stdout=out,
                               stderr=subprocess.STDOUT, env=_environment(plan, device, slots, kernel_env or {}),
                               cwd=str(notebook.parent), check=False)
     seconds = round(time.monotonic() - started, 1)
@@ -313,7 +321,7 @@ def run_combination(plan: Plan, combination: grids.Combination, device: str | No
 
 def _error(returncode: int, result_path: Path) -> str | None:
     try:
-        result = json.loads(result_path.read_text(encoding="utf-8"))
+        result = json.loads(read_text_bounded(result_path, 1 << 20))
     except (OSError, ValueError):
         return f"the worker exited with status {returncode} without a result"
     if result.get("outcome") == "ok":

@@ -33,8 +33,11 @@ c = get_config()  # noqa: F821 -- provided by traitlets when it runs this file
 # the whole configuration in this one file.
 # TensorBoard at /tensorboard/ through this server (server/tensorboard.py); jupyter-server-proxy's
 # own extension, which its package turns on, would also proxy /proxy/<port> to any local port.
+# jupyter-lsp would start an installed language server (`python -m pylsp`) in the notebook
+# folder; the workbench ships none, and JupyterLab's LSP features are off by default.
+# (server/processes.py lists every process the server starts.)
 c.ServerApp.jpserver_extensions = {guard.GUARD_EXTENSION: True, "workbench.server.tensorboard": True,
-                                   "jupyter_server_proxy": False}
+                                   "jupyter_server_proxy": False, "jupyter_lsp": False}
 
 with guard.refuse_to_start_on_error():
     # Nothing later (a user config file, the command line, jupyter_server_config.d)
