@@ -14,7 +14,7 @@ EPYC), and fp32 on other CPUs, which only emulate bf16 and would run slower than
 Whether this CPU computes bf16 natively (:func:`cpu_bf16`) is answered from the CPU's flags,
 as PyTorch reads them (``torch.cpu.get_capabilities()``, else ``/proc/cpuinfo``); only when the
 flags cannot settle it (an Arm CPU with BF16 instructions, whose speed depends on how PyTorch
-was built; no flags at all) does a ~0.1 s matmul timing decide. Asked once per process.
+was built; no flags at all) does a ~30 ms matmul timing decide. Asked once per process.
 """
 
 from __future__ import annotations
@@ -138,26 +138,28 @@ def _mkldnn_bf16() -> bool | None:
         return None
 
 
-def matmul_speedup(size: int = 512, repeats: int = 5) -> float:
-    """How many times faster a bf16-autocast matmul is than an fp32 one here (best of ``repeats``).
-
-    ~0.1 s on two cores. Used only when the CPU's flags cannot settle native bf16.
-    """
+def matmul_rate(bf16: bool, size: int = 512, repeats: int = 10) -> float:
+    """FLOP/s of a ``size``-cubed matmul on this CPU, in fp32 or under bf16 autocast (best of
+    ``repeats``: other load only ever slows a run down). ~30 ms for both on two cores."""
     import torch
 
     a, b = torch.randn(size, size), torch.randn(size, size)
+    times = []
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        torch.mm(a, b)  # warm-up: kernel selection, first touch of the output
+        for _ in range(repeats):
+            started = time.perf_counter()
+            torch.mm(a, b)
+            times.append(time.perf_counter() - started)
+    return 2 * size**3 / max(min(times), 1e-9)
 
-    def best(autocast: bool) -> float:
-        times = []
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            torch.mm(a, b)  # warm-up: kernel selection, first touch of the output
-            for _ in range(repeats):
-                started = time.perf_counter()
-                torch.mm(a, b)
-                times.append(time.perf_counter() - started)
-        return min(times)
 
-    return best(False) / max(best(True), 1e-9)
+def matmul_speedup() -> float:
+    """How many times faster a bf16-autocast matmul is than an fp32 one on this CPU.
+
+    Used only when the CPU's flags cannot settle native bf16.
+    """
+    return matmul_rate(True) / matmul_rate(False)
 
 
 @functools.lru_cache(maxsize=1)
