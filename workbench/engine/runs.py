@@ -371,8 +371,8 @@ class RunsTable:
         """The settings whose values are not the same in every (readable) run: the ones worth a column."""
         shown = [r for r in (self.runs if runs is None else runs) if r.settings]
         keys = sorted({k for r in shown for k in r.settings})
-        # A fixed column shows these already (precision: what ran, "bf16 (auto)", not the setting "auto").
-        return [k for k in keys if k not in COLUMNS and len({json.dumps(r.settings.get(k), sort_keys=True,
+        # The precision column shows what ran ("bf16 (auto)"); the setting ("auto") would overwrite it.
+        return [k for k in keys if k != "precision" and len({json.dumps(r.settings.get(k), sort_keys=True,
                                                                         default=str) for r in shown}) > 1]
 
     def rows(self, runs: Iterable[Run] | None = None) -> list[dict[str, Any]]:

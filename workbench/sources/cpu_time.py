@@ -63,6 +63,10 @@ class CpuTimeEstimate:
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 0.1:
+        return "under 0.1 s"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:
