@@ -1,4 +1,4 @@
-"""workbench.tasks.causal_lm: data formats, the loss mask token by token, batches, the fast loss."""
+"""workbench.tasks.causal_lm and causal_lm_data: data formats, the loss mask token by token, batches, the fast loss."""
 
 from __future__ import annotations
 
@@ -10,13 +10,8 @@ import torch
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import ConfigError, DataError
 from workbench.sources.synthetic_llm import make_chat_dataset
-from workbench.tasks.causal_lm import (
-    IGNORE,
-    CausalLMTask,
-    PaddingCollator,
-    encode_chat,
-    token_loss,
-)
+from workbench.tasks.causal_lm import CausalLMTask, token_loss
+from workbench.tasks.causal_lm_data import IGNORE, PaddingCollator, encode_chat
 
 CHAT = [
     {"role": "system", "content": "Answer briefly."},
@@ -263,7 +258,7 @@ def test_eval_metrics_are_token_weighted(tokenizer, tiny_model):
 
 
 def test_generation_check_prompts_up_to_the_answer(tokenizer, tiny_model):
-    from workbench.tasks.causal_lm import prompt_and_reference
+    from workbench.tasks.causal_lm_data import prompt_and_reference
 
     task, _ = _batch(tokenizer, n=4)
     data = make_chat_dataset(4, 2)

@@ -1,4 +1,4 @@
-"""workbench.sources.data: every supported local format, every bad input, stratified splits."""
+"""workbench.sources.data, data_files, data_checks: every supported local format, every bad input, stratified splits."""
 
 from __future__ import annotations
 
@@ -9,14 +9,10 @@ import pytest
 
 from workbench.config import DatasetChoice
 from workbench.errors import DataError
-from workbench.sources import data
-from workbench.sources.data import (
-    check_utf8,
-    label_distribution,
-    load_choice,
-    stratified_split,
-    suggest_columns,
-)
+from workbench.sources import data_checks
+from workbench.sources.data import load_choice, stratified_split
+from workbench.sources.data_checks import label_distribution, suggest_columns
+from workbench.sources.data_files import check_utf8
 from workbench.sources.synthetic import make_rows, write_csv
 
 
@@ -147,9 +143,9 @@ def test_non_utf8_names_the_byte_offset(tmp_path):
 
 
 def test_utf8_check_across_chunk_boundary(tmp_path, monkeypatch):
-    import workbench.sources.data as data
+    import workbench.sources.data_files as data_files
 
-    monkeypatch.setattr(data, "UTF8_CHUNK", 4)
+    monkeypatch.setattr(data_files, "UTF8_CHUNK", 4)
     path = tmp_path / "ok.csv"
     path.write_text("ab\u00e9\u20accd", encoding="utf-8")  # multi-byte characters split by chunks
     check_utf8(path)
@@ -281,7 +277,7 @@ def test_blank_text_cell_is_reported_as_missing(tmp_path):
 def test_check_texts_on_a_dataset_passed_directly():
     from datasets import Dataset
 
-    from workbench.sources.data import check_texts
+    from workbench.sources.data_checks import check_texts
 
     ds = Dataset.from_dict({"text": ["fine", "  \n", "also fine"], "label": [0, 1, 0]})
     with pytest.raises(DataError, match="row\\(s\\) 1,"):
@@ -365,7 +361,7 @@ def test_check_texts_is_fast_on_clean_views_and_names_a_non_text_column():
 
     from datasets import Dataset
 
-    from workbench.sources.data import check_texts
+    from workbench.sources.data_checks import check_texts
 
     big = Dataset.from_dict({"text": ["a few words"] * 300_000, "label": [0, 1] * 150_000}).shuffle(seed=0)
     started = time.perf_counter()
@@ -383,7 +379,7 @@ def test_missing_column_names_available_columns():
 
     ds = Dataset.from_dict({"sentence": ["a"], "label": [0]})
     with pytest.raises(DataError, match="column 'text' is not in split 'train'; available columns: sentence, label"):
-        data.check_split(ds, "train", ("text",), "label")
+        data_checks.check_split(ds, "train", ("text",), "label")
 
 
 def test_empty_split_is_an_error():
@@ -391,4 +387,4 @@ def test_empty_split_is_an_error():
 
     ds = Dataset.from_dict({"text": [], "label": []})
     with pytest.raises(DataError, match="empty"):
-        data.check_split(ds, "train", ("text",), "label")
+        data_checks.check_split(ds, "train", ("text",), "label")

@@ -194,3 +194,32 @@ def test_the_walk_would_catch_a_lazy_front_end_import(tmp_path):
     module = tmp_path / "lazy.py"
     module.write_text("def show():\n    import ipywidgets\n    from IPython.display import display\n")
     assert {"ipywidgets", "IPython.display"} <= _imports(module, set())
+
+
+def _defined_names(path: Path) -> set[str]:
+    """Functions, classes and variables a module defines at its top level (imported names excluded)."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def test_each_public_name_is_defined_where_the_package_maps_it():
+    """``workbench/__init__.py`` loads each public name lazily from the module that defines it:
+    when a module is split or a function moves, the map moves with it (a name merely imported
+    there would be a re-export, which the tree does not keep)."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    exports = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                   and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets))
+    misplaced = []
+    for name, module in exports.items():
+        path = PACKAGE.parent.joinpath(*module.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        if not path.is_file() or name not in _defined_names(path):
+            misplaced.append(f"{name} -> {module}")
+    assert len(exports) > 20 and misplaced == []

@@ -30,7 +30,8 @@ from workbench.errors import CheckpointError, ConfigError, DataError, ModelError
 from workbench.sources import gguf
 from workbench.sources.data import load_splits
 from workbench.sources.synthetic_llm import make_chat_dataset, make_chat_rows
-from workbench.tasks.causal_lm import IGNORE, CausalLMTask
+from workbench.tasks.causal_lm import CausalLMTask
+from workbench.tasks.causal_lm_data import IGNORE
 
 LORA = {"task": "causal_lm", "lora_r": 4, "lora_alpha": 8, "learning_rate": 3e-3, "batch_size": 8,
         "max_length": 160, "num_workers": 0, "log_every": 1}

@@ -1,4 +1,4 @@
-"""workbench.sources.models: discovery, config reading, the memory estimate against a measured peak."""
+"""workbench.sources.models and vram: discovery, config reading, the memory estimate against a measured peak."""
 
 from __future__ import annotations
 
@@ -11,14 +11,9 @@ import sys
 import pytest
 
 from workbench.errors import ModelError
-from workbench.sources import models
-from workbench.sources.models import (
-    activation_bytes,
-    check_fit,
-    estimate_vram,
-    list_models,
-    model_info,
-)
+from workbench.sources import models, vram
+from workbench.sources.models import list_models, model_info
+from workbench.sources.vram import activation_bytes, check_fit, estimate_vram
 
 # ---------------------------------------------------------------- discovery
 
@@ -148,7 +143,7 @@ def test_estimate_components():
     assert bf16.activations_bytes < fp32.activations_bytes
     bigger = estimate_vram(info, batch_size=32, seq_len=128, precision="fp32")
     assert bigger.activations_bytes == pytest.approx(2 * fp32.activations_bytes, rel=0.01)
-    assert fp32.total_bytes > fp32.allocated_bytes + models.CUDA_CONTEXT_BYTES - 1
+    assert fp32.total_bytes > fp32.allocated_bytes + vram.CUDA_CONTEXT_BYTES - 1
 
 
 # The measured side: one fresh process (so nothing else lives in its heap) that builds

@@ -1,16 +1,13 @@
-"""workbench.sources.models for causal LMs: config facts, parameter split, the full / LoRA / QLoRA estimate by hand."""
+"""workbench.sources.models and vram for causal LMs: config facts, parameter split, the full / LoRA / QLoRA
+estimate by hand."""
 
 from __future__ import annotations
 
 import pytest
 
 from workbench.errors import ModelError
-from workbench.sources.models import (
-    causal_facts,
-    causal_parameters,
-    compare_finetune_modes,
-    estimate_causal_vram,
-)
+from workbench.sources.models import causal_facts
+from workbench.sources.vram import causal_parameters, compare_finetune_modes, estimate_causal_vram
 
 
 @pytest.fixture

@@ -226,9 +226,9 @@ def test_export_writes_task_causal_lm_and_round_trips(tiny_llama_dir, tmp_path):
 
 
 def test_causal_estimate_without_a_gpu(tiny_llama_dir, monkeypatch):
-    from workbench.sources import models
+    from workbench.sources import vram
 
-    monkeypatch.setattr(models, "_free_memory", lambda *args: (None, None, None))  # a machine with no GPU
+    monkeypatch.setattr(vram, "_free_memory", lambda *args: (None, None, None))  # a machine with no GPU
     picker = ModelPicker()
     picker.select(str(tiny_llama_dir))
     assert set(verdicts(picker.estimate.value).values()) == {"no GPU"}

@@ -39,8 +39,8 @@ _EXPORTS = {
     "dataset_picker": "workbench.widgets.pickers",
     "pickers": "workbench.widgets.pickers",
     "GPUPanel": "workbench.widgets.gpu_panel",
-    "estimate_vram": "workbench.sources.models",
-    "estimate_causal_vram": "workbench.sources.models",
+    "estimate_vram": "workbench.sources.vram",
+    "estimate_causal_vram": "workbench.sources.vram",
     "Playground": "workbench.widgets.playground",
 }
 

@@ -44,9 +44,10 @@ def test_causal_estimate_vs_max_memory_allocated(smollm2_dir, finetune, checkpoi
     import torch
 
     from workbench.config import ModelChoice, TrainConfig
-    from workbench.sources.models import estimate_causal_vram
     from workbench.sources.synthetic_llm import make_chat_dataset
-    from workbench.tasks.causal_lm import IGNORE, CausalLMTask
+    from workbench.sources.vram import estimate_causal_vram
+    from workbench.tasks.causal_lm import CausalLMTask
+    from workbench.tasks.causal_lm_data import IGNORE
 
     if finetune == "qlora":
         pytest.importorskip("bitsandbytes")

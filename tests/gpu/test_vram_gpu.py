@@ -30,7 +30,7 @@ def test_estimate_vs_max_memory_allocated(precision, attention, batch, seq, chec
     import torch
     from transformers import BertForSequenceClassification
 
-    from workbench.sources import models
+    from workbench.sources import models, vram
 
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("bf16 needs compute capability 8.0+")
@@ -38,9 +38,9 @@ def test_estimate_vs_max_memory_allocated(precision, attention, batch, seq, chec
     params, _ = models.count_parameters(config)
     info = models.ModelInfo("bert-like", "folder", "bert", "BertForSequenceClassification", params,
                             "meta", 768, 12, 12, 3072, 512, 30522, True, attention)
-    estimate = models.estimate_vram(info, batch_size=batch, seq_len=seq, precision=precision,
-                                    gradient_checkpointing=checkpointing, attention=attention,
-                                    include_overhead=False)
+    estimate = vram.estimate_vram(info, batch_size=batch, seq_len=seq, precision=precision,
+                                  gradient_checkpointing=checkpointing, attention=attention,
+                                  include_overhead=False)
 
     torch.manual_seed(0)
     device = torch.device("cuda")

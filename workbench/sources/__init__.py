@@ -1,18 +1,23 @@
 """Where a run starts: which models and datasets exist, loading them, and checks that explain.
 
-Start reading at ``data.py`` (datasets: hub ids, local files, splits, the checks that name
-a bad row) and ``models.py`` (model facts, memory estimates, what fits a GPU):
+Start reading at ``data.py`` (a dataset choice into train and validation splits) and
+``models.py`` (which models exist, their facts), then what each calls:
 
     paths.py          is a string a local path or a hub id? (one answer for data and models)
     hub.py            the Hugging Face hub's offline switch, read one way everywhere
-    data.py           load and check datasets; errors point at the user's file and row
-    models.py         model facts (size, layers, heads), VRAM estimates, check_fit
+    data.py           a dataset choice -> train + validation: hub or files, the split, row caps
+    data_files.py     local files: the folder convention, checks before reading, reading, and
+                      the file and line each row came from (a new file format goes here)
+    data_checks.py    columns, texts, labels and splits checked; column facts for the picker
+    models.py         which models exist (folders, packages, cache); facts from their config
+    vram.py           GPU memory a fine-tuning run needs (classifier, causal LM), check_fit
     model_checks.py   checks on a loaded model and tokenizer (a new head, truncation...)
     gguf.py           GGUF files (llama.cpp's format) converted once to a model folder
     synthetic.py, synthetic_llm.py   tiny offline stand-ins for tests and CI notebooks
 
-Imports: ``workbench.config``, ``workbench.errors``, ``workbench.gpu`` (free memory) and
-``workbench.engine.precision`` (what "auto" precision resolves to). Nothing here imports
+Imports: ``workbench.config`` and ``workbench.errors``; ``vram.py`` also reads ``workbench.gpu``
+(free memory), ``workbench.engine.precision`` (what "auto" precision resolves to) and
+``workbench.tasks.lora`` (which layers LoRA targets), inside its functions. Nothing here imports
 a view or the server; torch and transformers are imported inside functions, so the
 pickers can list models without loading them.
 """

@@ -8,14 +8,19 @@ Start reading at ``base.py`` (the protocol), then one task:
     base.py                 Task, the seam; helpers every task shares
     classification.py       ClassificationTask (BERT-style sequence classifiers)
     classification_data.py  its label mapping and tokenization
-    causal_lm.py            CausalLMTask (decoder LMs: chat / prompt-completion / text data,
-                            full fine-tuning, LoRA, QLoRA)
+    causal_lm.py            CausalLMTask (decoder LMs: full fine-tuning, LoRA, QLoRA; the loss,
+                            eval, saving)
+    causal_lm_data.py       its data: chat / prompt-completion / text rows and their checks,
+                            chat templates, the loss mask, the dataset and padding collator
     lora.py                 LoRA / QLoRA adapters (the only importer of peft, with causal_lm)
     metrics.py              accuracy / F1 and the language-model metrics
 
+A new task follows the same pair: ``<task>.py`` for the task object (model, loss, metrics,
+saving), ``<task>_data.py`` for its rows (their checks, tokenization, dataset, collator).
+
 Imports: ``workbench.config``, ``workbench.errors`` and ``workbench.sources`` (data checks,
-model checks, GGUF). A task never imports ``workbench.engine``: the engine asks, the task
-answers (``tests/test_import_graph.py``).
+where a row came from, model checks, GGUF). A task never imports ``workbench.engine``: the
+engine asks, the task answers (``tests/test_import_graph.py``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import DataError
 from workbench.sources import model_checks
-from workbench.sources.data import check_split
+from workbench.sources.data_checks import check_split
 from workbench.tasks import classification_data
 from workbench.tasks.base import (
     enable_gradient_checkpointing,

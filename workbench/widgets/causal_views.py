@@ -1,9 +1,9 @@
 """What the pickers show for a causal LM: config facts, full / LoRA / QLoRA memory, chat data.
 
 The pickers (workbench.widgets.pickers) decide *when* these views appear; this module
-decides *what* they show. The numbers come from workbench.sources.models (``causal_facts``,
-``check_causal_fit``) and the token preview from the causal-LM task's own
-``encode_chat``, so the highlighted tokens are exactly the ones a run trains on.
+decides *what* they show. The numbers come from workbench.sources.models (``causal_facts``) and
+workbench.sources.vram (``check_causal_fit``), the token preview from the causal-LM task's
+own ``encode_chat``, so the highlighted tokens are exactly the ones a run trains on.
 
     ChatDataView    format and column choosers plus the rendered example (DatasetPicker)
     causal_model_html / causal_estimate_html    the model picker's facts and memory table
@@ -22,8 +22,9 @@ import traitlets
 
 from workbench.config import DatasetChoice, ModelChoice, TrainConfig
 from workbench.errors import DataError
-from workbench.sources import models
-from workbench.tasks.causal_lm import IGNORE, CausalLMTask, detect_format, encode_chat, to_messages
+from workbench.sources import models, vram
+from workbench.tasks.causal_lm import CausalLMTask
+from workbench.tasks.causal_lm_data import IGNORE, detect_format, encode_chat, to_messages
 from workbench.widgets.html_blocks import WARNING, note_html
 
 GiB = 2**30
@@ -57,7 +58,7 @@ def causal_model_html(info: models.ModelInfo, facts: models.CausalFacts) -> str:
             f"<table class='wb-causal-facts'><tbody>{body}</tbody></table>")
 
 
-def _verdict(check: models.CausalFitCheck, mode: str) -> str:
+def _verdict(check: vram.CausalFitCheck, mode: str) -> str:
     plain, checkpointed = check.fits(mode, False), check.fits(mode, True)
     if plain is None:
         return "no GPU"
@@ -66,7 +67,7 @@ def _verdict(check: models.CausalFitCheck, mode: str) -> str:
     return "fits with checkpointing" if checkpointed else "does not fit"
 
 
-def causal_estimate_html(check: models.CausalFitCheck, finetune: str, gradient_checkpointing: bool) -> str:
+def causal_estimate_html(check: vram.CausalFitCheck, finetune: str, gradient_checkpointing: bool) -> str:
     """Full / LoRA / QLoRA side by side, with and without gradient checkpointing, against free memory.
 
     The chosen mode's row is bold; its verdict opens the text so it reads like the
@@ -76,7 +77,7 @@ def causal_estimate_html(check: models.CausalFitCheck, finetune: str, gradient_c
             "<th>Activations</th><th>Activations (checkpointing)</th><th>Total</th>"
             "<th>Total (checkpointing)</th><th>Fits?</th></tr>")
     rows = []
-    for mode in models.FINETUNE_MODES:
+    for mode in vram.FINETUNE_MODES:
         plain, ckpt = check.estimates[(mode, False)], check.estimates[(mode, True)]
         state = plain.trainable_weights_bytes + plain.gradients_bytes + plain.optimizer_bytes
         cells = [f"{MODE_NAMES[mode]} ({plain.precision})", _gib(plain.base_weights_bytes),

@@ -1,7 +1,7 @@
 """Model and dataset pickers: choose with the mouse, export a parameter file for headless runs.
 
-The widgets only arrange controls; the work is done by workbench.sources.models and
-workbench.sources.data, the same functions papermill runs and ``workbench train`` use. Every
+The widgets only arrange controls; the work is done by workbench.sources (models,
+vram, data, data_checks), the same functions papermill runs and ``workbench train`` use. Every
 action catches errors and writes them to the picker's ``message`` (an HTML widget),
 so a notebook never shows a traceback for a wrong path or column.
 
@@ -33,7 +33,7 @@ import traitlets
 
 from workbench.config import PRECISIONS, DatasetChoice, ModelChoice, RunSpec, TrainConfig
 from workbench.errors import DataError, WorkbenchError
-from workbench.sources import cpu_time, data, models
+from workbench.sources import cpu_time, data, data_checks, models, vram
 from workbench.widgets.causal_views import (
     ChatDataView,
     causal_estimate_html,
@@ -56,8 +56,8 @@ class ModelPicker(widgets.VBox):
     State (traitlets): ``name_or_path``, ``precision``, ``batch_size``, ``seq_len``,
     ``gradient_checkpointing``, ``task`` (classification | causal_lm: set from the chosen
     model, changeable) and ``finetune`` (full | lora | qlora, causal LMs). ``info`` is the
-    selected ModelInfo (None until one loads); ``fit`` the latest models.FitCheck
-    (classification), ``causal_fit`` the latest models.CausalFitCheck and ``facts`` the
+    selected ModelInfo (None until one loads); ``fit`` the latest vram.FitCheck
+    (classification), ``causal_fit`` the latest vram.CausalFitCheck and ``facts`` the
     models.CausalFacts (causal LM). Without a GPU, ``cpu_time`` is the time estimate on this
     CPU, for ``train_rows`` rows of ``text_chars`` characters (0: unknown; ``Pickers`` links
     them to the dataset picker).
@@ -80,8 +80,8 @@ class ModelPicker(widgets.VBox):
         self._free_bytes = free_bytes  # fixed free memory (tests, what-if); None: ask the GPU
         self._selecting = False  # True while a new model sets task and length
         self.info: models.ModelInfo | None = None
-        self.fit: models.FitCheck | None = None
-        self.causal_fit: models.CausalFitCheck | None = None
+        self.fit: vram.FitCheck | None = None
+        self.causal_fit: vram.CausalFitCheck | None = None
         self.facts: models.CausalFacts | None = None
         self.cpu_time: cpu_time.CpuTimeEstimate | None = None
         self.entries = models.list_models()
@@ -218,7 +218,7 @@ class ModelPicker(widgets.VBox):
             return
         self.causal_fit = None
         try:
-            self.fit = models.check_fit(
+            self.fit = vram.check_fit(
                 self.info, batch_size=self.batch_size, seq_len=self.seq_len,
                 precision=self.precision, gradient_checkpointing=self.gradient_checkpointing,
                 free_bytes=self._free_bytes, gpu_name="the GPU" if self._free_bytes else None,
@@ -236,7 +236,7 @@ class ModelPicker(widgets.VBox):
             self.estimate.value = ""
             return
         try:
-            self.causal_fit = models.check_causal_fit(
+            self.causal_fit = vram.check_causal_fit(
                 self.info, batch_size=self.batch_size, seq_len=self.seq_len, precision=self.precision,
                 free_bytes=self._free_bytes, gpu_name="the GPU" if self._free_bytes else None,
                 device_index=self._device_index, nvml=self._nvml)
@@ -387,7 +387,7 @@ class DatasetPicker(widgets.VBox):
         evals = [s for s in splits if s != train]
         eval_default = next((s for s in ("validation", "valid", "dev") if s in evals), "")
         columns = list(self.raw[train].column_names)
-        text_guess, label_guess = data.suggest_columns(columns)
+        text_guess, label_guess = data_checks.suggest_columns(columns)
         with self.hold_trait_notifications():
             self.train_box.options = splits
             self.train_box.value = train
@@ -400,8 +400,8 @@ class DatasetPicker(widgets.VBox):
         self.train_split, self.eval_split = train, eval_default
         self.text_columns, self.label_column = tuple(text_guess), label_guess or ""
         ds = self.raw[train]
-        self.preview.value = table_html(data.preview_rows(ds, self._preview_rows), columns,
-                                        data.column_types(ds))
+        self.preview.value = table_html(data_checks.preview_rows(ds, self._preview_rows), columns,
+                                        data_checks.column_types(ds))
         self.fraction_box.disabled = bool(eval_default)
         self._update_size()
         self.chat.set_rows(ds)
@@ -433,7 +433,7 @@ class DatasetPicker(widgets.VBox):
         if causal:
             self.distribution.value = note_html(rows + f"\nEvery row is a valid {self.chat.data_format} example.")
             return True
-        counts = data.label_distribution(self.checked, choice.label_column)
+        counts = data_checks.label_distribution(self.checked, choice.label_column)
         self.distribution.value = note_html(
             rows + "\nLabels: " + "; ".join(f"{s}: " + ", ".join(f"{k} {v}" for k, v in c.items())
                                              for s, c in counts.items()))
@@ -532,7 +532,7 @@ class DatasetPicker(widgets.VBox):
         if self.raw is None or not self.label_column or self.task == "causal_lm":
             return
         try:  # counts of the raw splits, cheap; the checked split comes with check()
-            counts = data.label_distribution(self.raw, self.label_column)
+            counts = data_checks.label_distribution(self.raw, self.label_column)
             if not counts:  # a column typed from code that is not there: check() explains
                 self.distribution.value, self.chart.value = "", b""
                 return
