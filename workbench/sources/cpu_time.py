@@ -106,7 +106,7 @@ def cpu_rate(bf16: bool) -> float:
 
 def estimate_cpu_time(info: Any, *, seq_len: int, precision: str = "auto", rows: int | None = None,
                       row_tokens: int | None = None, finetune: str = "full", facts: Any = None,
-                      rate=cpu_rate) -> CpuTimeEstimate:
+                      rate=None) -> CpuTimeEstimate:
     """Time per epoch (``rows`` given) or per 1,000 rows of fine-tuning ``info`` (a ModelInfo) here,
     rows of ``row_tokens`` tokens (default ``seq_len``).
 
@@ -119,6 +119,7 @@ def estimate_cpu_time(info: Any, *, seq_len: int, precision: str = "auto", rows:
         cpu = cpu_bf16()
         facts = DeviceFacts(cuda=False, bf16=cpu.native, evidence=cpu.evidence)
     choice = choose_precision(precision, facts)
+    rate = rate or cpu_rate
     row_tokens = min(row_tokens or seq_len, seq_len)
     work = flops_per_row(info, row_tokens, finetune)
     fp32 = work / (rate(False) * EFFICIENCY)
