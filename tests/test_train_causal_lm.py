@@ -80,6 +80,10 @@ def test_merged_model_loads_in_a_pipeline_and_equals_base_plus_adapter(lora_run,
     _, out = lora_run
     merged_dir = out / "model_merged"
     assert (merged_dir / "config.json").is_file()
+    # Trained under bf16 autocast where the CPU has native bf16 (auto): adapter and merged model
+    # are still saved in fp32, never silently bf16.
+    for folder, name in ((out / "model", "adapter_model.safetensors"), (merged_dir, "model.safetensors")):
+        assert {t.dtype for t in _safetensors(folder, name).values()} == {torch.float32}, folder
     ids = torch.tensor([[1, 450, 3200, 77, 12, 9000]])
     with torch.no_grad():
         merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)(ids).logits
