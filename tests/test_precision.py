@@ -221,20 +221,42 @@ def test_auto_on_cpu_follows_native_bf16_and_keeps_fp32_weights(native, tiny_ber
     assert json.loads((out / "model" / "config.json").read_text()).get("dtype", "float32") == "float32"
 
 
-def test_lora_generation_in_evaluation_runs_under_the_runs_autocast(tiny_llama_dir, tmp_path, monkeypatch):
+def test_lora_under_bf16_evaluates_and_generates_under_autocast_on_a_bf16_base(tiny_llama_dir, tmp_path,
+                                                                               monkeypatch):
     """peft's generate calls the base model's forward, which Accelerate's autocast wrapper does not
-    cover: the engine puts evaluation, generation included, under the run's autocast."""
+    cover: the engine puts evaluation, generation included, under the run's autocast. The frozen
+    base is loaded in bf16 (no per-forward casts of frozen weights), the adapter stays fp32."""
     from workbench.engine.train import fit
     from workbench.sources.synthetic_llm import make_chat_dataset
     from workbench.tasks.causal_lm import CausalLMTask
 
-    seen = _record_autocast(monkeypatch, CausalLMTask, lambda model: model.get_output_embeddings())
+    models = []
+    seen = _record_autocast(monkeypatch, CausalLMTask, lambda model: models.append(model) or
+                            model.get_output_embeddings())
     fit(str(tiny_llama_dir), make_chat_dataset(8, 4), output_dir=str(tmp_path / "run"), task="causal_lm",
         precision="bf16", lora_r=4, lora_alpha=8, max_steps=1, batch_size=4, max_length=160, num_workers=0,
         eval_generate=2, eval_max_new_tokens=2)
     generation = [autocast for training, inference, autocast in seen if inference]
     assert generation and all(generation)
     assert all(autocast for training, inference, autocast in seen if not inference)
+    params = list(models[0].parameters())
+    assert {p.dtype for p in params if not p.requires_grad} == {torch.bfloat16}
+    assert {p.dtype for p in params if p.requires_grad} == {torch.float32}
+
+
+def test_lora_in_fp32_keeps_an_fp32_base(tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    from workbench.config import ModelChoice, TrainConfig
+    from workbench.tasks.causal_lm import CausalLMTask
+
+    task = CausalLMTask(TrainConfig(task="causal_lm", lora_r=4, lora_alpha=8))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    # "auto" unresolved (a direct call, not through fit): fp32 on a CPU, never a guess
+    for precision in ("fp32",) if torch.cuda.is_available() else ("fp32", "auto"):
+        model = task.build_model(ModelChoice(str(tiny_llama_dir)), tokenizer,
+                                 TrainConfig(task="causal_lm", precision=precision))
+        assert {p.dtype for p in model.parameters()} == {torch.float32}, precision
 
 
 def test_bf16_auto_reaches_the_fp32_accuracy_of_a_real_bert(tmp_path):

@@ -450,7 +450,8 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: P
     accelerator = distributed.make_accelerator(config, precision.precision)
     set_seed(config.seed)  # the new head's initial weights depend on it
     tokenizer = task.load_tokenizer(model_choice)
-    model = task.build_model(model_choice, tokenizer, config)
+    # The task sees the precision that runs ("bf16"), not "auto": a frozen LoRA base is loaded in it.
+    model = task.build_model(model_choice, tokenizer, dataclasses.replace(config, precision=precision.precision))
     notes = []
     max_length, note = model_checks.effective_max_length(config.max_length, model.config, model_choice.name_or_path)
     if note:  # capped to the model's positions, before tokenizing and recording the run
