@@ -16,7 +16,8 @@ For each task:
              ``train_throughput.PlainLoop``, fused AdamW; lora: peft + ``model(**batch).loss``).
   (h) bf16   (f) with ``torch.autocast("cpu", dtype=torch.bfloat16)`` around the forward pass,
              fp32 weights and optimizer: bf16 done by hand, so (a)'s figure is not a trick the
-             baseline lacks.
+             baseline lacks. (lora: the base stays fp32 under autocast, as a hand-written loop has
+             it; (a) loads the frozen base in bf16.)
 
 The three run in one process, step by step: beside each of (a)'s optimizer steps, one step of
 (f) and one of (h) (a wrapper around the engine's ``_step_with_oom_retry``), after it on odd
