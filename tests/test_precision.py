@@ -98,6 +98,11 @@ def test_cpuinfo_flags_are_read_for_x86_and_arm():
     assert arm["bf16"] and arm["svebf16"]
 
 
+def test_a_torch_without_get_capabilities_reads_proc_cpuinfo(monkeypatch):
+    monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
+    assert precision_module.cpu_flags() == proc_cpuinfo_flags()
+
+
 def test_cpu_answer_is_cached_per_process():
     assert cpu_bf16() is cpu_bf16()
     assert cpu_bf16.cache_info().hits >= 1

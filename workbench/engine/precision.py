@@ -96,7 +96,8 @@ def detect_cpu_bf16(flags: dict, *, mkldnn_bf16: bool | None = True, probe=None)
 
 
 def cpu_flags() -> dict:
-    """The CPU's feature flags: ``torch.cpu.get_capabilities()`` (torch >= 2.9), else /proc/cpuinfo."""
+    """The CPU's feature flags: ``torch.cpu.get_capabilities()`` (recent torch; 2.13 has it), else
+    /proc/cpuinfo (older torch: its helpers for this move between releases)."""
     import torch
 
     get = getattr(getattr(torch, "cpu", None), "get_capabilities", None)
