@@ -298,3 +298,58 @@ def test_bf16_auto_reaches_the_fp32_accuracy_of_a_real_bert(tmp_path):
     assert fp32["eval_accuracy"] > 0.75  # it learnt the task (15% label noise caps it near 0.85)
     assert abs(half["eval_accuracy"] - fp32["eval_accuracy"]) <= 0.02, (half, fp32)
     assert abs(half["eval_loss"] - fp32["eval_loss"]) <= 0.03, (half, fp32)
+
+
+# ------------------------------------------------------------- attention on a CPU
+def test_cpu_bf16_attention_runs_in_fp32_and_is_not_saved(tiny_llama_dir, tmp_path):
+    """Under bf16 autocast on a CPU, sdpa attention is computed in fp32 (PyTorch's CPU flash
+    attention is slower in bf16): the output matches fp32 sdpa on the same inputs, and a saved
+    config says nothing of it."""
+    from transformers import AutoModelForCausalLM
+
+    from workbench.engine import cpu_bf16
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32, attn_implementation="sdpa")
+    attention = model.model.layers[0].self_attn
+    seen = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, *args, **kwargs):
+        seen.append((query.dtype, torch.is_autocast_enabled("cpu")))
+        return original(query, *args, **kwargs)
+
+    query, key, value = (torch.randn(2, attention.config.num_attention_heads, 7, attention.head_dim,
+                                     dtype=torch.bfloat16) for _ in range(3))
+    key, value = (t[:, :attention.config.num_key_value_heads] for t in (key, value))
+    assert cpu_bf16.attention_in_fp32(model)
+    assert model.config._attn_implementation == cpu_bf16.ATTENTION
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        output, _ = cpu_bf16.sdpa_in_fp32(attention, query, key, value, None, is_causal=True)
+    assert seen == [(torch.float32, False)] and output.dtype == torch.bfloat16
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    expected, _ = sdpa_attention_forward(attention, query.float(), key.float(), value.float(), None, is_causal=True)
+    torch.testing.assert_close(output, expected.to(torch.bfloat16))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(model(torch.tensor([[1, 5, 9, 3]])).logits).all()  # the model runs through it
+    model.save_pretrained(tmp_path / "saved")
+    assert cpu_bf16.ATTENTION not in (tmp_path / "saved" / "config.json").read_text()
+
+
+def test_fit_switches_attention_only_for_cpu_bf16(tiny_bert, tmp_path, monkeypatch):
+    from workbench.engine import cpu_bf16
+    from workbench.frontend import fit
+    from workbench.sources.synthetic import make_dataset
+    from workbench.tasks.classification import ClassificationTask
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU behaviour")
+    models = []
+    original = ClassificationTask.build_model
+    monkeypatch.setattr(ClassificationTask, "build_model",
+                        lambda self, *a, **k: models.append(original(self, *a, **k)) or models[-1])
+    for precision in ("bf16", "fp32"):
+        fit(str(tiny_bert), make_dataset(16, 8), output_dir=str(tmp_path / precision), precision=precision,
+            max_steps=1, batch_size=8, num_workers=0, progress="none")
+    assert [m.config._attn_implementation for m in models] == [cpu_bf16.ATTENTION, "sdpa"]

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from workbench.config import ModelChoice, TrainConfig
-from workbench.engine import batching, checkpoint, distributed, inputs, run_lock
+from workbench.engine import batching, checkpoint, cpu_bf16, distributed, inputs, run_lock
 from workbench.engine.divergence import DivergenceGuard
 from workbench.engine.events import EventLog
 from workbench.engine.memory import free_memory, with_halving
@@ -452,6 +452,8 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: P
     tokenizer = task.load_tokenizer(model_choice)
     # The task sees the precision that runs ("bf16"), not "auto": a frozen LoRA base is loaded in it.
     model = task.build_model(model_choice, tokenizer, dataclasses.replace(config, precision=precision.precision))
+    if precision.precision == "bf16" and not torch.cuda.is_available():
+        cpu_bf16.attention_in_fp32(model)  # CPU flash attention is 2-2.6x slower in bf16 than in fp32
     notes = []
     max_length, note = model_checks.effective_max_length(config.max_length, model.config, model_choice.name_or_path)
     if note:  # capped to the model's positions, before tokenizing and recording the run
