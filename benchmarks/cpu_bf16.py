@@ -16,8 +16,9 @@ For each task:
              ``train_throughput.PlainLoop``, fused AdamW; lora: peft + ``model(**batch).loss``).
   (h) bf16   (f) with ``torch.autocast("cpu", dtype=torch.bfloat16)`` around the forward pass,
              fp32 weights and optimizer: bf16 done by hand, so (a)'s figure is not a trick the
-             baseline lacks. (lora: the base stays fp32 under autocast, as a hand-written loop has
-             it; (a) loads the frozen base in bf16.)
+             baseline lacks. What (a) does beyond it: attention in fp32 inside the bf16 forward
+             (CPU flash attention is slower in bf16), and for lora the frozen base loaded in bf16
+             (the hand-written loop keeps the fp32 base under autocast).
 
 The three run in one process, step by step: beside each of (a)'s optimizer steps, one step of
 (f) and one of (h) (a wrapper around the engine's ``_step_with_oom_retry``), after it on odd
