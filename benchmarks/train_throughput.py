@@ -193,9 +193,11 @@ def linear_warmup(warmup: int, total: int):
 # ------------------------------------------------------------------------ variants
 class PlainLoop:
     """(b) A plain PyTorch loop, one step per ``step()`` call, so that it can run alone
-    or interleaved step by step with (a) or (c) (``--paired``)."""
+    or interleaved step by step with (a) or (c) (``--paired``). ``bf16``: the forward pass
+    under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (benchmarks/cpu_bf16.py)."""
 
-    def __init__(self, args, train_rows):
+    def __init__(self, args, train_rows, bf16: bool = False):
+        self.bf16 = bf16
         from transformers import AutoTokenizer
 
         self.t0 = time.perf_counter()
@@ -241,7 +243,8 @@ class PlainLoop:
         ids, mask = pad_batch([self.enc[i] for i in batch], self.tokenizer.pad_token_id)
         y = torch.tensor([self.labels[i] for i in batch])
         model_started = time.perf_counter()
-        loss = self.model(input_ids=ids, attention_mask=mask, labels=y).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            loss = self.model(input_ids=ids, attention_mask=mask, labels=y).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
         self.optimizer.step()
@@ -383,7 +386,8 @@ def run_workbench(args, train_rows, eval_rows, workdir: Path, partner: PlainLoop
             str(model_dir()), data, output_dir=str(output_dir), num_epochs=1, batch_size=args.batch_size,
             learning_rate=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup,
             max_grad_norm=args.max_grad_norm, scheduler="linear", max_length=args.max_length,
-            precision="fp32", seed=args.seed, group_by_length=True, resume=None, progress="none",
+            precision=getattr(args, "precision", "fp32"), seed=args.seed, group_by_length=True, resume=None,
+            progress="none",
             **overrides,
         )
     finally:
@@ -417,8 +421,8 @@ def run_workbench(args, train_rows, eval_rows, workdir: Path, partner: PlainLoop
             "padding_share": padding_share(lengths, list(sampler)), "accuracy": acc,
             "fit_eval_accuracy": result.metrics.get("eval_accuracy"), "final_loss": last["loss"],
             "engine_samples_per_s": statistics.mean(e["samples_per_s"] for e in trains),
-            "step_times": step_times,
-            "total_s": total_s}
+            "step_times": step_times, "precision": start.get("precision"),
+            "precision_reason": start.get("precision_reason"), "total_s": total_s}
 
 
 VARIANTS = {"a": ("workbench", run_workbench), "b": ("plain", run_plain), "c": ("trainer", run_trainer)}

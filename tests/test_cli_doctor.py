@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORKBENCH = Path(sys.executable).with_name("workbench")
 
 RESULT_KEYS = {"section", "name", "level", "message", "fix"}
-FACT_KEYS = {"python", "packages", "torch", "nvml", "gpus", "shm", "container", "output_dir",
+FACT_KEYS = {"python", "packages", "torch", "nvml", "gpus", "shm", "cpu", "container", "output_dir",
              "huggingface", "jupyter"}
 
 

@@ -29,6 +29,7 @@ from workbench.diagnostics.checks_software import (
     check_torch_build,
 )
 from workbench.diagnostics.checks_system import (
+    check_cpu_bf16,
     check_output_space,
     check_output_volume,
     check_output_writable,
@@ -36,10 +37,12 @@ from workbench.diagnostics.checks_system import (
 )
 from workbench.diagnostics.diagnose import _plain, build_report, doctor, gather_facts
 from workbench.diagnostics.facts import (
+    CpuFacts,
     DirFacts,
     ShmFacts,
     TorchFacts,
     _format_cudnn,
+    gather_cpu,
     gather_dir,
     gather_hub,
     gather_jupyter,
@@ -253,6 +256,27 @@ def test_bf16_needs_ampere():
     assert "bf16 supported" in check_bf16(one_device(compute_capability=(8, 0))).message
     t4 = check_bf16(one_device(name="Tesla T4", compute_capability=(7, 5)))
     assert t4.level == "ok" and "no bf16" in t4.message and "fp16" in t4.message
+
+
+def test_cpu_bf16_says_what_auto_trains_cpu_runs_in():
+    native = check_cpu_bf16(CpuFacts("AMD EPYC", 2, True, "AVX512-BF16", "bf16", "auto: bf16, ..."))
+    assert native.level == "ok" and "AMD EPYC (2 cores) computes bf16 natively (AVX512-BF16)" in native.message
+    assert "precision='auto' trains CPU runs in bf16" in native.message
+    emulated = check_cpu_bf16(CpuFacts("Intel Xeon", 4, False, "no AVX512-BF16 or AMX-BF16", "fp32", ""))
+    assert emulated.level == "ok" and "no native bf16" in emulated.message and "in fp32" in emulated.message
+    assert "use the GPU" in check_cpu_bf16(CpuFacts(None, 8, True, "AMX-BF16", "bf16", ""), cuda_available=True).message
+    unknown = check_cpu_bf16(CpuFacts(cores=2, error="ImportError: no torch"))
+    assert unknown.level == "warn" and "no torch" in unknown.message and unknown.fix
+
+
+def test_gather_cpu_judges_as_a_run_judges():
+    from workbench.engine.precision import choose_precision, device_facts
+
+    cpu = gather_cpu()
+    assert cpu.error is None and cpu.cores >= 1
+    if not __import__("torch").cuda.is_available():
+        choice = choose_precision("auto", device_facts())
+        assert (cpu.auto_precision, cpu.auto_reason) == (choice.precision, choice.reason)
 
 
 def test_mig_on_warns_and_lists_the_instances():

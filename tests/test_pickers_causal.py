@@ -225,12 +225,17 @@ def test_export_writes_task_causal_lm_and_round_trips(tiny_llama_dir, tmp_path):
         both.run_spec()
 
 
-def test_causal_estimate_without_a_gpu(tiny_llama_dir, monkeypatch):
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16-cpu", "emulated-bf16-cpu"])
+def test_causal_estimate_without_a_gpu(tiny_llama_dir, monkeypatch, native):
+    from workbench.engine import precision
     from workbench.sources import vram
 
     monkeypatch.setattr(vram, "_free_memory", lambda *args: (None, None, None))  # a machine with no GPU
+    monkeypatch.setattr(precision, "cpu_bf16", lambda: precision.CpuBf16(native, "simulated"))
     picker = ModelPicker()
     picker.select(str(tiny_llama_dir))
     assert set(verdicts(picker.estimate.value).values()) == {"no GPU"}
     assert "No GPU: nothing to compare with" in picker.estimate.value
-    assert "Full (fp32)" in picker.estimate.value and "QLoRA (bf16)" in picker.estimate.value  # auto on CPU
+    ran = "bf16" if native else "fp32"  # auto on this CPU
+    assert f"Full ({ran})" in picker.estimate.value and "QLoRA (bf16)" in picker.estimate.value
+    assert picker.cpu_time.precision == ran and f"On this CPU in {ran}" in picker.estimate.value

@@ -17,6 +17,7 @@ from workbench.engine.progress import (
     RunHistory,
     choose_mode,
     format_duration,
+    format_start_line,
     format_train_line,
 )
 from workbench.errors import ConfigError
@@ -49,6 +50,13 @@ def test_train_line_has_the_documented_format():
     line = format_train_line(event)
     assert line.startswith("step 120 | ") and "loss nan" in line
     assert "gpu 3.00 GiB" in line and "skipped 2" in line
+
+
+def test_start_line_says_which_precision_ran_and_why():
+    event = {"kind": "start", "total_steps": 40, "num_epochs": 1.0, "precision": "bf16", "device": "cpu",
+             "precision_reason": "auto: bf16, this CPU computes it natively (AVX512-BF16)"}
+    assert format_start_line(event) == (
+        "start | 40 steps over 1.0 epochs | bf16 on cpu | auto: bf16, this CPU computes it natively (AVX512-BF16)")
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,34 @@ def test_only_the_settings_that_differ_are_columns(outputs):
     assert "eval_accuracy" in frame.columns and "eval_loss" in frame.columns
 
 
+def test_precision_column_says_what_ran_and_why(outputs, tmp_path):
+    root, _ = outputs
+    first = json.loads((root / "cls-a" / "events.jsonl").read_text().splitlines()[0])
+    ran, why = first["precision"], first["precision_reason"]  # bf16 on a CPU with AVX512-BF16, else fp32
+    assert why.startswith(f"auto: {ran}, ")
+    a = runs.runs(root)["cls-a"]
+    assert (a.precision, a.precision_reason) == (f"{ran} (auto)", why)
+    # The same run asked for fp32 explicitly; and a log from before the reason was written.
+    for name, setting, reason in (("asked", "fp32", "asked for: fp32"), ("old", "auto", None)):
+        shutil.copytree(root / "cls-a", tmp_path / name)
+        log = tmp_path / name / "events.jsonl"
+        lines = log.read_text().splitlines()
+        start = {k: v for k, v in json.loads(lines[0]).items() if k != "precision_reason"}
+        start.update(precision="fp32", **({"precision_reason": reason} if reason else {}))
+        start["config"]["precision"] = setting
+        log.write_text("\n".join([json.dumps(start), *lines[1:]]) + "\n")
+    table = runs.runs(tmp_path)
+    assert (table["asked"].precision, table["asked"].precision_reason) == ("fp32", "asked for: fp32")
+    assert (table["old"].precision, table["old"].precision_reason) == ("fp32 (auto)", None)
+    # The setting ("auto" vs "fp32") is not a column of its own: it would overwrite what ran.
+    assert "precision" not in table.differing_settings()
+    rows = {r["name"]: r for r in table.rows()}
+    assert rows["asked"]["precision"] == "fp32" and rows["asked"]["precision_reason"] == "asked for: fp32"
+    header = table.format().splitlines()[0].split()
+    assert "precision" in header and "precision_reason" not in header  # a sentence: CSV and DataFrame only
+    assert table.to_frame().loc["asked", "precision_reason"] == "asked for: fp32"
+
+
 def test_a_held_lock_means_running_and_a_dead_holder_does_not(outputs, tmp_path):
     root, _ = outputs
     folder = tmp_path / "live"

@@ -80,6 +80,10 @@ def test_merged_model_loads_in_a_pipeline_and_equals_base_plus_adapter(lora_run,
     _, out = lora_run
     merged_dir = out / "model_merged"
     assert (merged_dir / "config.json").is_file()
+    # Trained under bf16 autocast where the CPU has native bf16 (auto): adapter and merged model
+    # are still saved in fp32, never silently bf16.
+    for folder, name in ((out / "model", "adapter_model.safetensors"), (merged_dir, "model.safetensors")):
+        assert {t.dtype for t in _safetensors(folder, name).values()} == {torch.float32}, folder
     ids = torch.tensor([[1, 450, 3200, 77, 12, 9000]])
     with torch.no_grad():
         merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)(ids).logits
@@ -159,7 +163,7 @@ if slow:  # long enough to be killed part-way
 result = fit(sys.argv[1], make_chat_dataset(48, 8, seed=5), output_dir=sys.argv[2], task="causal_lm",
              lora_r=4, lora_alpha=8, lora_dropout=0.1, learning_rate=3e-3, batch_size=4, max_length=160,
              max_steps=STEPS, save_every=3, log_every=1, keep_checkpoints=2, num_workers=0,
-             warmup_ratio=0.1)
+             warmup_ratio=0.1, precision="bf16")  # what auto picks on CPUs with bf16 instructions
 print("STATUS", result.status)
 '''
 STEPS = 14
@@ -209,4 +213,5 @@ def test_lora_run_killed_mid_run_resumes_exactly(tiny_llama_dir, tmp_path):
     assert ref_w.keys() == got_w.keys() and ref_w
     for name in ref_w:
         assert torch.equal(got_w[name], ref_w[name]), name  # bit-exact
+        assert got_w[name].dtype == torch.float32, name  # trained under bf16 autocast, saved fp32
 

@@ -1,7 +1,10 @@
 """Exact resume after kill -9: mid-run and in the middle of writing a checkpoint.
 
 Each run is a real subprocess. On CPU with num_workers=0 the resumed run must
-reproduce the uninterrupted run's losses (1e-6) and final weights.
+reproduce the uninterrupted run's losses (1e-6) and final weights, bit for bit.
+The runs use bf16 autocast, what precision="auto" picks on CPUs with bf16 instructions
+(asked for explicitly, so a CPU without them runs it too, emulated): the fp32 master
+weights, AdamW state and RNG streams in the checkpoint make bf16 resume as exact as fp32.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ if slow:  # make the run long enough to be killed part-way
 
 result = fit(sys.argv[1], make_dataset(96, 32, seed=7), output_dir=sys.argv[2], learning_rate=2e-3,
              batch_size=8, max_steps=20, save_every=3, log_every=1, keep_checkpoints=2,
-             num_workers=0, warmup_ratio=0.1)
+             num_workers=0, warmup_ratio=0.1, precision="bf16")
 print("STATUS", result.status)
 '''
 
@@ -114,6 +117,8 @@ def reference(tiny_bert, tmp_path_factory):
     script.write_text(WORKER)
     out = base / "uninterrupted"
     _run(script, tiny_bert, out)
+    start = json.loads((out / "events.jsonl").read_text().splitlines()[0])
+    assert start["kind"] == "start" and start["precision"] == "bf16"
     return script, out
 
 

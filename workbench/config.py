@@ -144,7 +144,7 @@ class TrainConfig:
     scheduler: str = "linear"  # linear | cosine | constant
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0  # None disables clipping
-    precision: str = "auto"  # auto: bf16 where supported, fp16 on other CUDA GPUs, fp32 on CPU
+    precision: str = "auto"  # auto: bf16 where computed natively (Ampere+ GPUs, AVX512-BF16/AMX CPUs), fp16 on other GPUs, else fp32
     max_length: int = 256  # tokens; longer texts are truncated
     group_by_length: bool = True  # batch similar lengths together: less padding
     eval_every: int | None = None  # optimizer steps; None = at the end of each epoch

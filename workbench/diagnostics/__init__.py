@@ -22,11 +22,13 @@ Modules, one job each:
     values.py           version strings and byte sizes
     report.py           CheckResult, DoctorReport and its text/HTML/JSON rendering (JSON schema)
     mounts.py           /proc/self/mountinfo parsing and container detection
-    facts.py            the facts dataclasses and gather_*() for Python, torch, GPUs, /dev/shm,
+    facts.py            the facts dataclasses and gather_*() for Python, torch, GPUs, the CPU
+                        (its bf16 support, from workbench.engine.precision), /dev/shm,
                         directories, Hugging Face and Jupyter
     checks_software.py  Python, packages, torch build, torch.cuda
     checks_gpu.py       driver vs CUDA build, GPU arch coverage, bf16, MIG (the rules)
-    checks_system.py    /dev/shm and the output directory (writable, space, volume)
+    checks_system.py    the CPU's bf16 support (what precision="auto" picks on CPU), /dev/shm
+                        and the output directory (writable, space, volume)
     checks_hub.py       Hugging Face cache, offline mode, hub reachability
     checks_jupyter.py   Jupyter token/password
     diagnose.py         gather_facts(), build_report(), doctor()

@@ -1,9 +1,10 @@
-"""Checks of the machine around the GPU: shared memory for DataLoader workers, and the
-checkpoint directory (writable, free space, on a volume that outlives the container)."""
+"""Checks of the machine around the GPU: the CPU's bf16 support (what precision="auto" picks
+on CPU), shared memory for DataLoader workers, and the checkpoint directory (writable, free
+space, on a volume that outlives the container)."""
 
 from __future__ import annotations
 
-from workbench.diagnostics.facts import DirFacts, ShmFacts
+from workbench.diagnostics.facts import CpuFacts, DirFacts, ShmFacts
 from workbench.diagnostics.report import ERROR, OK, WARN, CheckResult
 from workbench.diagnostics.values import GiB, format_bytes
 
@@ -22,6 +23,22 @@ VOLUME_FIX = (
     "(compose: volumes: [\"./outputs:/workspace/outputs\"]), "
     "then use --output-dir / TrainConfig(output_dir=...) under that mount."
 )
+
+
+def check_cpu_bf16(cpu: CpuFacts, cuda_available: bool = False) -> CheckResult:
+    """What precision="auto" trains in on this CPU, and why: a fact to know, never a problem."""
+    name = "cpu bf16"
+    what = cpu.name or "this CPU"
+    what += f" ({cpu.cores} cores)" if cpu.cores else ""
+    if cpu.bf16_native is None:
+        return CheckResult(name, WARN, f"{what}: bf16 support could not be judged ({cpu.error}); "
+                           "precision='auto' trains in fp32 on CPU.", "Check the torch result above.")
+    gpu_note = " (runs on this machine use the GPU; this applies to CPU runs)" if cuda_available else ""
+    if cpu.bf16_native:
+        return CheckResult(name, OK, f"{what} computes bf16 natively ({cpu.bf16_evidence}): precision='auto' "
+                           f"trains CPU runs in bf16 autocast, with fp32 weights{gpu_note}")
+    return CheckResult(name, OK, f"{what} has no native bf16 ({cpu.bf16_evidence}): precision='auto' trains "
+                       f"CPU runs in fp32; precision='bf16' would be emulated, slower{gpu_note}")
 
 
 def check_shm(shm: ShmFacts, minimum: int = SHM_MIN_BYTES) -> CheckResult:

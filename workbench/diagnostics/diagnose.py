@@ -21,6 +21,7 @@ from workbench.diagnostics.checks_software import (
     check_torch_build,
 )
 from workbench.diagnostics.checks_system import (
+    check_cpu_bf16,
     check_output_space,
     check_output_volume,
     check_output_writable,
@@ -28,12 +29,14 @@ from workbench.diagnostics.checks_system import (
 )
 from workbench.diagnostics.facts import (
     REQUIRED_PACKAGES,
+    CpuFacts,
     DirFacts,
     HubFacts,
     JupyterFacts,
     PythonFacts,
     ShmFacts,
     TorchFacts,
+    gather_cpu,
     gather_dir,
     gather_gpus,
     gather_hub,
@@ -72,6 +75,7 @@ class DoctorFacts:
     nvml: Any  # workbench.gpu.NvmlStatus
     gpus: list[Any]  # workbench.gpu.DeviceInfo, each GPU followed by its MIG slices
     shm: ShmFacts
+    cpu: CpuFacts
     container: str | None
     output_dir: DirFacts
     hub: HubFacts
@@ -98,6 +102,7 @@ def gather_facts(
         nvml=status,
         gpus=devices,
         shm=gather_shm(),
+        cpu=gather_cpu(),
         container=container,
         output_dir=gather_dir(output_dir, mounts, container),
         hub=gather_hub(mounts, container),
@@ -123,6 +128,7 @@ def build_report(facts: DoctorFacts, *, check_network: bool = True) -> DoctorRep
             slices = [d for d in f.gpus if d.is_mig and d.index == device.index]
             results.append(("gpu", check_bf16(device)))
             results.append(("gpu", check_mig(device, slices)))
+    results.append(("system", check_cpu_bf16(f.cpu, f.torch.cuda_available)))
     results.append(("system", check_shm(f.shm)))
     results.append(("storage", check_output_writable(f.output_dir)))
     results.append(("storage", check_output_space(f.output_dir)))
@@ -142,6 +148,7 @@ def build_report(facts: DoctorFacts, *, check_network: bool = True) -> DoctorRep
         "nvml": _plain(f.nvml),
         "gpus": _plain(f.gpus),
         "shm": _plain(f.shm),
+        "cpu": _plain(f.cpu),
         "container": f.container,
         "output_dir": _plain(f.output_dir),
         "huggingface": _plain(f.hub),

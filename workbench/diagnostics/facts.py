@@ -114,6 +114,35 @@ def gather_torch() -> TorchFacts:
     return facts
 
 
+@dataclass
+class CpuFacts:
+    name: str | None = None  # "AMD EPYC", as torch's cpuinfo reads it
+    cores: int | None = None  # logical CPUs this process may use
+    bf16_native: bool | None = None  # computes bf16 natively (None: could not be judged)
+    bf16_evidence: str | None = None  # "AVX512-BF16"; "no AVX512-BF16 or AMX-BF16: ..."
+    auto_precision: str | None = None  # what precision="auto" picks for a run on this CPU
+    auto_reason: str | None = None  # "auto: bf16, this CPU computes it natively (AVX512-BF16)"
+    error: str | None = None  # why it could not be judged
+
+
+def gather_cpu() -> CpuFacts:
+    """The CPU and its bf16 support, judged as a run judges it (``workbench.engine.precision``)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count()
+    try:
+        from workbench.engine.precision import DeviceFacts, choose_precision, cpu_bf16, cpu_flags
+
+        cpu = cpu_bf16()
+        choice = choose_precision("auto", DeviceFacts(cuda=False, bf16=cpu.native, evidence=cpu.evidence))
+        name = cpu_flags().get("cpu_name")
+    except Exception as exc:  # torch missing or broken: the torch check says so
+        return CpuFacts(cores=cores, error=f"{type(exc).__name__}: {exc}")
+    return CpuFacts(name=str(name) if name else None, cores=cores, bf16_native=cpu.native,
+                    bf16_evidence=cpu.evidence, auto_precision=choice.precision, auto_reason=choice.reason)
+
+
 def gather_gpus(nvml: Any = None) -> tuple[Any, list[Any]]:
     """(NvmlStatus, [DeviceInfo]) from workbench.gpu; never raises."""
     try:

@@ -17,7 +17,7 @@ JSON written by ``workbench doctor --json`` (schema version 1)::
       ],
       "facts": {                        # what the checks were computed from
         "python": {...}, "packages": {...}, "torch": {...}, "nvml": {...},
-        "gpus": [...], "shm": {...}, "container": "...|null",
+        "gpus": [...], "shm": {...}, "cpu": {...}, "container": "...|null",
         "output_dir": {...}, "huggingface": {...}, "jupyter": {...}
       }
     }

@@ -5,7 +5,8 @@ What only the loop uses sits beside it, one job a module:
 
     inputs.py       fit's inputs (model, data, settings) -> a TrainConfig and loaded splits
     batching.py     the length-grouped sampler, the loader, the windows of one optimizer step
-    precision.py    fp32 / fp16 / bf16: what the device supports, what "auto" picks
+    precision.py    fp32 / fp16 / bf16: what the device supports, what "auto" picks, and why
+    cpu_bf16.py     what bf16 on a CPU needs beyond autocast: attention computed in fp32
     optim.py        AdamW and transformers' learning-rate schedules
     memory.py       out-of-memory: recognise it, free memory, halve the micro-batch
     divergence.py   a run whose loss went far above its start stops before anything diverged is saved

@@ -209,6 +209,8 @@ def format_start_line(event: dict) -> str:
         parts.append(f"{world} processes")
     if event.get("precision") or event.get("device"):
         parts.append(f"{event.get('precision', '?')} on {event.get('device', '?')}")
+    if event.get("precision_reason"):  # "auto: bf16, this CPU computes it natively (AVX512-BF16)"
+        parts.append(str(event["precision_reason"]))
     return " | ".join(parts)
 
 

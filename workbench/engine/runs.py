@@ -83,6 +83,8 @@ class Run:
     duration_s: float | None = None  # time spent running, summed over resumes
     samples_per_s: float | None = None  # mean over the logged intervals
     peak_gpu_mem_bytes: int | None = None  # where recorded (CUDA runs)
+    precision: str | None = None  # what ran, "bf16 (auto)" when auto chose it (the last start)
+    precision_reason: str | None = None  # why: "auto: bf16, this CPU computes it natively (AVX512-BF16)"
     settings: dict[str, Any] = field(default_factory=dict)  # the TrainConfig of the last start
     problem: str | None = None  # why the folder is broken, or what is odd about it
     host: str | None = None  # where the run last started (its start event, or the lock's record)
@@ -207,6 +209,7 @@ def _read_log(run: Run, data: bytes) -> tuple[list[str], bool]:
     run.settings = {k: v for k, v in config.items() if k not in _NOT_SETTINGS}
     run.task = config.get("task")
     run.model = start.get("model")
+    run.precision, run.precision_reason = _precision(start, config)
     run.total_steps = start.get("total_steps") if isinstance(start.get("total_steps"), int) else None
     run.started = first.get("time")
 
@@ -332,6 +335,16 @@ def _duration(events: list[dict], starts: list[int]) -> float | None:
     return total
 
 
+def _precision(start: dict, config: dict) -> tuple[str | None, str | None]:
+    """("bf16 (auto)", its reason) from a start event; logs older than the reason give the name alone."""
+    ran = start.get("precision")
+    if not isinstance(ran, str):
+        return None, None
+    reason = start.get("precision_reason")
+    return (f"{ran} (auto)" if config.get("precision") == "auto" else ran,
+            reason if isinstance(reason, str) else None)
+
+
 def _model_from_checkpoint(path: Path) -> str | None:
     """Logs written before the start event named the model: read it from the newest run.json."""
     folder = path / CHECKPOINTS
@@ -446,8 +459,11 @@ def runs(root: str | os.PathLike = "outputs") -> RunsTable:
 
 # -- the table -------------------------------------------------------------------------
 
-COLUMNS = ("name", "status", "verdict", "task", "model", "step", "total_steps", "best_metric", "best_value",
-           "best_step", "duration_s", "samples_per_s", "peak_gpu_mem_bytes", "problem")
+COLUMNS = ("name", "status", "verdict", "task", "model", "precision", "step", "total_steps", "best_metric",
+           "best_value", "best_step", "duration_s", "samples_per_s", "peak_gpu_mem_bytes", "precision_reason",
+           "problem")
+# Long sentences: in rows(), the DataFrame and CSV, not in the aligned text (problems follow it as notes).
+_NOT_IN_TEXT = ("precision_reason", "problem")
 
 
 class RunsTable:
@@ -473,8 +489,9 @@ class RunsTable:
         """The settings whose values are not the same in every (readable) run: the ones worth a column."""
         shown = [r for r in (self.runs if runs is None else runs) if r.settings]
         keys = sorted({k for r in shown for k in r.settings})
-        return [k for k in keys if len({json.dumps(r.settings.get(k), sort_keys=True, default=str)
-                                        for r in shown}) > 1]
+        # The precision column shows what ran ("bf16 (auto)"); the setting ("auto") would overwrite it.
+        return [k for k in keys if k != "precision" and len({json.dumps(r.settings.get(k), sort_keys=True,
+                                                                        default=str) for r in shown}) > 1]
 
     def rows(self, runs: Iterable[Run] | None = None) -> list[dict[str, Any]]:
         """One dict per run: the fixed columns, the final eval metrics, the benchmark scores
@@ -510,7 +527,7 @@ class RunsTable:
                 raise WorkbenchError(f"Cannot sort by {sort!r}: there is no such column.",
                                      "use one of: " + ", ".join(rows[0]))
             rows.sort(key=lambda r: (r[sort] is None, r[sort] if r[sort] is not None else 0))
-        columns = [c for c in rows[0] if c != "problem" and any(r[c] is not None for r in rows)]
+        columns = [c for c in rows[0] if c not in _NOT_IN_TEXT and any(r[c] is not None for r in rows)]
         cells = [[format_cell(c, r[c]) for c in columns] for r in rows]
         widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(columns)]
         lines = ["  ".join(h.ljust(w) for h, w in zip(columns, widths, strict=True))]

@@ -26,12 +26,12 @@ from typing import Any
 import torch
 
 from workbench.config import ModelChoice, TrainConfig
-from workbench.engine import batching, checkpoint, distributed, inputs, run_lock
+from workbench.engine import batching, checkpoint, cpu_bf16, distributed, inputs, run_lock
 from workbench.engine.divergence import DivergenceGuard, measure_start
 from workbench.engine.events import EventLog
 from workbench.engine.memory import free_memory, with_halving
 from workbench.engine.optim import make_optimizer, make_scheduler
-from workbench.engine.precision import device_facts, resolve_precision
+from workbench.engine.precision import PrecisionChoice, choose_precision, device_facts
 from workbench.engine.results import BEST_DIR, MODEL_DIR, FitResult
 from workbench.engine.stopping import HARD_STOP_AFTER, StopRequest, stop_on_signals
 from workbench.engine.verdict import final_verdict, judge, reference
@@ -57,7 +57,7 @@ class _Run:
     tokenizer: Any
     log: EventLog
     record: dict
-    precision: str
+    precision: PrecisionChoice  # what runs (.precision: fp32 | fp16 | bf16) and why (.reason)
     total_steps: int
     batches_per_epoch: int
     state: checkpoint.TrainState
@@ -107,7 +107,7 @@ def fit(
     task = make_task(config, columns, label)
     task.check_data(splits)
     task.check_model(model_choice)  # settings that depend on the model's layers (LoRA targets)
-    precision = resolve_precision(config.precision, device_facts())
+    precision = choose_precision(config.precision, device_facts())
     inputs.check_output_dir(Path(config.output_dir))
     # One run per folder: the main process (global rank 0) holds the lock for all of them.
     lock = run_lock.acquire(config.output_dir) if int(os.environ.get("RANK", "0")) == 0 else None
@@ -150,7 +150,8 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
         run.guard.start = run.state.start_loss = start if math.isfinite(start) else None
     steps_per_epoch = math.ceil(run.batches_per_epoch / config.gradient_accumulation_steps)
     run.log.write("start", model=run.record.get("model"), total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
-                  config=asdict(config), world_size=acc.num_processes, precision=run.precision,
+                  config=asdict(config), world_size=acc.num_processes, precision=run.precision.precision,
+                  precision_reason=run.precision.reason,
                   device=str(acc.device), resumed_from_step=run.state.step,
                   label_names=run.task.identity().get("labels", []),
                   divergence={"start": run.guard.start, "bound": run.guard.limit, "window": run.guard.window})
@@ -414,15 +415,18 @@ def _evaluate(run: _Run, candidate: bool = True) -> dict[str, float]:
 
     model.eval()
     outputs = []
-    with torch.no_grad():
+    # Under the training's autocast: the prepared model's forward has it already, but
+    # generation (peft's generate calls the base model's forward) would otherwise run in fp32.
+    with torch.no_grad(), acc.autocast():
         for batch in run.eval_loader:
             outputs.append(acc.gather_for_metrics(with_halving(
                 lambda size, batch=batch: outputs_of(batch, size), run.eval_micro_batch, on_halve=halved,
                 give_up=lambda: TrainingError("CUDA out of memory in evaluation even with batches of 1.",
                                               "use a shorter max_length or a smaller model.",
                                               step=run.state.step))))
+        generated = run.task.generation_metrics(model, run.tokenizer)
     model.train()
-    metrics = {**run.task.metrics(outputs), **run.task.generation_metrics(model, run.tokenizer)}
+    metrics = {**run.task.metrics(outputs), **generated}
     run.state.metrics = metrics
     if hasattr(task, "baselines"):  # what a model that learned nothing scores here (engine/verdict.py)
         run.state.baselines = task.baselines(outputs)
@@ -487,14 +491,19 @@ def _result(run: _Run, status: str, model_dir: Path | None, history: list[dict],
 
 
 # ------------------------------------------------------------------------- set-up
-def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: str,
+def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: PrecisionChoice,
              stop: StopRequest, listeners: Sequence[Callable], data_facts: dict | None = None) -> _Run:
     from accelerate.utils import set_seed
 
-    accelerator = distributed.make_accelerator(config, precision)
+    # bf16/fp16: Accelerate runs the model's forward under torch.autocast and keeps the weights,
+    # gradients and AdamW state in fp32 (the 16-bit copies are made per op, or cached per step).
+    accelerator = distributed.make_accelerator(config, precision.precision)
     set_seed(config.seed)  # the new head's initial weights depend on it
     tokenizer = task.load_tokenizer(model_choice)
-    model = task.build_model(model_choice, tokenizer, config)
+    # The task sees the precision that runs ("bf16"), not "auto": a frozen LoRA base is loaded in it.
+    model = task.build_model(model_choice, tokenizer, dataclasses.replace(config, precision=precision.precision))
+    if precision.precision == "bf16" and not torch.cuda.is_available():
+        cpu_bf16.attention_in_fp32(model)  # CPU flash attention is 2-2.6x slower in bf16 than in fp32
     notes = []
     max_length, note = model_checks.effective_max_length(config.max_length, model.config, model_choice.name_or_path)
     if note:  # capped to the model's positions, before tokenizing and recording the run
@@ -503,6 +512,8 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: s
     with accelerator.local_main_process_first():  # datasets' cache is written once per node
         train_ds, eval_ds = task.datasets(splits, tokenizer, config.max_length, model)
     notes = [*task.notes, *notes]  # the task's, from checking and encoding the data and loading the model
+    if precision.warning:
+        notes.append((precision.warning, "warn"))
     collate = task.collator(tokenizer)
     sampler = batching.LengthGroupedBatchSampler(train_ds.lengths, config.batch_size, seed=config.seed,
                                                  group_by_length=config.group_by_length)
@@ -522,9 +533,10 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: s
     log = EventLog(config.output_dir, enabled=accelerator.is_main_process)
     for listener in listeners if accelerator.is_main_process else ():
         log.add_listener(listener)
-    record = checkpoint.run_record(asdict(config), seed=config.seed, precision=precision,
+    record = checkpoint.run_record(asdict(config), seed=config.seed, precision=precision.precision,
                                    world_size=accelerator.num_processes,
-                                   extra={"model": model_choice.name_or_path,
+                                   extra={"precision_reason": precision.reason,
+                                          "model": model_choice.name_or_path,
                                           "model_content": gguf.content_identity(model_choice.name_or_path),
                                           "data": data_facts or {}, **task.identity()})
     return _Run(config=config, task=task, accelerator=accelerator, model=model, optimizer=optimizer,

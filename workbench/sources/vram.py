@@ -121,18 +121,21 @@ def activation_bytes(*, batch_size: int, seq_len: int, hidden_size: int, num_lay
 
 
 def resolve_precision_name(precision: str, device: Any = None) -> str:
-    """The precision a run would use on ``device`` (a workbench.gpu DeviceInfo, None = no GPU).
+    """The precision a run would use on ``device`` (a workbench.gpu DeviceInfo, None = no GPU:
+    this machine's CPU, bf16 where it computes bf16 natively).
 
     "auto" is decided by ``workbench.engine.precision.resolve_precision``, the one owner of that
     policy; an explicit choice is estimated as asked (the estimate may be for another machine).
     """
     if precision != "auto":
         return precision
-    from workbench.engine.precision import DeviceFacts, resolve_precision
+    from workbench.engine.precision import DeviceFacts, cpu_bf16, resolve_precision
 
+    if device is None:
+        cpu = cpu_bf16()
+        return resolve_precision("auto", DeviceFacts(cuda=False, bf16=cpu.native, evidence=cpu.evidence))
     capability = getattr(device, "compute_capability", None)
-    facts = DeviceFacts(cuda=device is not None, bf16=bool(capability and capability[0] >= 8),
-                        name=getattr(device, "name", "cpu"))
+    facts = DeviceFacts(cuda=True, bf16=bool(capability and capability[0] >= 8), name=getattr(device, "name", "cpu"))
     return resolve_precision("auto", facts)
 
 
@@ -497,7 +500,8 @@ def check_causal_fit(info: ModelInfo, *, batch_size: int, seq_len: int, precisio
     """Price the run as full / LoRA / QLoRA, with and without checkpointing, next to the GPU's free memory.
 
     ``free_bytes`` given: compare with it; otherwise ask workbench.gpu about GPU ``device_index``.
-    "auto" precision resolves as a run on that GPU would (no GPU: fp32; QLoRA is priced at bf16).
+    "auto" precision resolves as a run on that GPU would (no GPU: as on this CPU, bf16 where
+    it computes bf16 natively, else fp32; QLoRA is priced at bf16).
     """
     device = None
     if free_bytes is None:

@@ -32,7 +32,8 @@ class Task(Protocol):
     def load_tokenizer(self, choice: ModelChoice) -> Any: ...
 
     def build_model(self, choice: ModelChoice, tokenizer, config: TrainConfig) -> torch.nn.Module:
-        """The model ready to train, on the CPU, fp32 master weights."""
+        """The model ready to train, on the CPU, fp32 master weights. ``config.precision`` is the
+        precision that runs (fp32 | fp16 | bf16, never "auto"): frozen weights may be loaded in it."""
 
     def datasets(self, splits, tokenizer, max_length: int, model) -> tuple[Any, Any]:
         """(train, eval) torch Datasets; each has ``.lengths`` (tokens per row) for the sampler."""

@@ -14,7 +14,11 @@ dataset picker recognises chat and prompt/completion data and previews the token
 that carry loss; those views live in workbench.widgets.causal_views, the HTML pieces
 in workbench.widgets.html_blocks. Here: the controls, the events and the export.
 
-Why ~600 lines: two pickers and the combined one, each one class, share the export.
+Without a GPU the model picker also estimates the time per epoch on this CPU, in the
+precision "auto" picks here (``workbench.sources.cpu_time``), from the dataset picker's rows.
+
+Why ~650 lines: two pickers and the combined one, each one class, share the export. The
+next split: the dataset picker into its own module.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import traitlets
 
 from workbench.config import PRECISIONS, DatasetChoice, ModelChoice, RunSpec, TrainConfig
 from workbench.errors import DataError, WorkbenchError
-from workbench.sources import data, data_checks, models, vram
+from workbench.sources import cpu_time, data, data_checks, models, vram
 from workbench.widgets.causal_views import (
     ChatDataView,
     causal_estimate_html,
@@ -54,7 +58,9 @@ class ModelPicker(widgets.VBox):
     model, changeable) and ``finetune`` (full | lora | qlora, causal LMs). ``info`` is the
     selected ModelInfo (None until one loads); ``fit`` the latest vram.FitCheck
     (classification), ``causal_fit`` the latest vram.CausalFitCheck and ``facts`` the
-    models.CausalFacts (causal LM).
+    models.CausalFacts (causal LM). Without a GPU, ``cpu_time`` is the time estimate on this
+    CPU, for ``train_rows`` rows of ``text_chars`` characters (0: unknown; ``Pickers`` links
+    them to the dataset picker).
     """
 
     name_or_path = traitlets.Unicode("")
@@ -64,6 +70,8 @@ class ModelPicker(widgets.VBox):
     batch_size = traitlets.Int(16)
     seq_len = traitlets.Int(256)
     gradient_checkpointing = traitlets.Bool(False)
+    train_rows = traitlets.Int(0)  # rows per epoch, for the CPU time estimate (0: unknown)
+    text_chars = traitlets.Float(0.0)  # mean characters of a row's text (0: unknown, count max_length)
 
     def __init__(self, *, device_index: int = 0, nvml: Any = None, free_bytes: int | None = None,
                  **kwargs: Any):
@@ -75,6 +83,7 @@ class ModelPicker(widgets.VBox):
         self.fit: vram.FitCheck | None = None
         self.causal_fit: vram.CausalFitCheck | None = None
         self.facts: models.CausalFacts | None = None
+        self.cpu_time: cpu_time.CpuTimeEstimate | None = None
         self.entries = models.list_models()
         self.found = widgets.Dropdown(
             options=[("(choose a model)", "")] + [(f"{e.name}  [{e.source}]", e.name_or_path)
@@ -110,7 +119,7 @@ class ModelPicker(widgets.VBox):
         self.found.observe(self._on_found, "value")
         self.typed.observe(self._on_typed, "value")
         self.observe(self._on_settings, ["precision", "batch_size", "seq_len",
-                                         "gradient_checkpointing", "finetune"])
+                                         "gradient_checkpointing", "finetune", "train_rows", "text_chars"])
         self.observe(self._on_task, "task")
         self.observe(self._on_name, "name_or_path")
         if not self.entries:
@@ -219,7 +228,7 @@ class ModelPicker(widgets.VBox):
             self.estimate.value = error_html(e)
             return
         color = {True: "#1b5e20", False: "#b00020", None: "#333"}[self.fit.fits]
-        self.estimate.value = note_html(self.fit.message, color)
+        self.estimate.value = note_html(self.fit.message, color) + self._cpu_time_html(self.fit.free_bytes)
 
     def _update_causal_estimate(self) -> None:
         self.fit, self.causal_fit = None, None
@@ -234,7 +243,22 @@ class ModelPicker(widgets.VBox):
         except Exception as e:
             self.estimate.value = error_html(e)
             return
-        self.estimate.value = causal_estimate_html(self.causal_fit, self.finetune, self.gradient_checkpointing)
+        self.estimate.value = (causal_estimate_html(self.causal_fit, self.finetune, self.gradient_checkpointing)
+                               + self._cpu_time_html(self.causal_fit.free_bytes))
+
+    def _cpu_time_html(self, gpu_free_bytes: int | None) -> str:
+        """Without a GPU to train on: the time per epoch on this CPU, in the precision a run would use."""
+        self.cpu_time = None
+        if gpu_free_bytes is not None:
+            return ""
+        try:
+            self.cpu_time = cpu_time.estimate_cpu_time(
+                self.info, seq_len=self.seq_len, precision=self.precision, rows=self.train_rows or None,
+                row_tokens=cpu_time.tokens_from_chars(self.text_chars, self.seq_len),
+                finetune=self.finetune if self.task == "causal_lm" else "full")
+        except Exception as e:  # fp16 on a CPU: the run would refuse it too
+            return error_html(e)
+        return note_html(self.cpu_time.describe())
 
 
 def model_picker(**kwargs: Any) -> ModelPicker:
@@ -270,6 +294,8 @@ class DatasetPicker(widgets.VBox):
     task = traitlets.Unicode("classification")
     model_name = traitlets.Unicode("")  # whose chat template renders the causal-LM preview
     max_length = traitlets.Int(256)  # tokens kept per row (the model picker's max length)
+    train_rows = traitlets.Int(0)  # rows one epoch trains on (after check(): exact; 0 before load)
+    text_chars = traitlets.Float(0.0)  # mean characters of the text columns (classification; 0: unknown)
 
     def __init__(self, preview_rows: int = 5, **kwargs: Any):
         self._preview_rows = preview_rows
@@ -326,6 +352,8 @@ class DatasetPicker(widgets.VBox):
         self.text_box.observe(lambda c: self._set("text_columns", tuple(c["new"])), "value")
         self.label_box.observe(lambda c: self._set("label_column", c["new"] or ""), "value")
         self.observe(self._on_columns, ["text_columns", "label_column", "train_split", "eval_split"])
+        self.observe(lambda _: self._update_size(), ["text_columns", "train_split", "eval_split",
+                                                     "validation_fraction", "task"])
         widgets.link((self.task_box, "value"), (self, "task"))
         self.observe(self._on_task, "task")
         self.observe(lambda _: self._show_chat(), ["model_name", "max_length"])
@@ -375,6 +403,7 @@ class DatasetPicker(widgets.VBox):
         self.preview.value = table_html(data_checks.preview_rows(ds, self._preview_rows), columns,
                                         data_checks.column_types(ds))
         self.fraction_box.disabled = bool(eval_default)
+        self._update_size()
         self.chat.set_rows(ds)
         if find_chat_columns(ds):
             self.task = "causal_lm"  # chats and prompt/completion pairs have no label to ask for
@@ -400,6 +429,7 @@ class DatasetPicker(widgets.VBox):
         note = "" if choice.eval_split else (f" (validation: a {'random' if causal else 'stratified'} "
                                              f"{choice.validation_fraction:.0%} of train, seed {choice.seed})")
         rows = "Rows: " + ", ".join(f"{s} {self.checked[s].num_rows:,}" for s in self.checked) + note
+        self._update_size()
         if causal:
             self.distribution.value = note_html(rows + f"\nEvery row is a valid {self.chat.data_format} example.")
             return True
@@ -466,6 +496,19 @@ class DatasetPicker(widgets.VBox):
         return self.chat.train_fields if self.task == "causal_lm" else {}
 
     # -- events
+
+    def _update_size(self) -> None:
+        """Rows per epoch and mean text length, for the model picker's CPU time estimate."""
+        checked = self.checked is not None and "train" in self.checked
+        ds = self.checked["train"] if checked else (
+            self.raw[self.train_split] if self.raw is not None and self.train_split in self.raw else None)
+        if ds is None:
+            self.train_rows, self.text_chars = 0, 0.0
+            return
+        share = 1.0 if checked or self.eval_split else 1.0 - self.validation_fraction  # split off train
+        self.train_rows = int(ds.num_rows * share)
+        columns = [] if self.task == "causal_lm" else list(self.text_columns)
+        self.text_chars = cpu_time.mean_text_chars(ds, columns)
 
     def _on_task(self, change) -> None:
         causal = change["new"] == "causal_lm"
@@ -561,6 +604,8 @@ class Pickers(widgets.VBox):
         widgets.link((self.model, "task"), (self.dataset, "task"))
         widgets.dlink((self.model, "name_or_path"), (self.dataset, "model_name"))
         widgets.dlink((self.model, "seq_len"), (self.dataset, "max_length"))
+        for size in ("train_rows", "text_chars"):  # the model picker's CPU time per epoch
+            widgets.dlink((self.dataset, size), (self.model, size))
         self.dataset.task_box.layout.display = "none"  # the model picker's toggle sets both
         super().__init__([
             self.model, self.dataset, widgets.HTML("<b>Export for a headless run</b>"),

@@ -23,7 +23,7 @@ from workbench.engine.progress import render_runs_png
 from workbench.engine.runs import RunsTable, format_cell, read_run, runs
 
 # Columns of the on-screen table, before the metrics and the differing settings.
-_SHOWN = ("name", "status", "verdict", "task", "model", "step", "best_metric", "best_value", "best_step",
+_SHOWN = ("name", "status", "verdict", "task", "model", "precision", "step", "best_metric", "best_value", "best_step",
           "duration_s", "samples_per_s", "peak_gpu_mem_bytes")
 
 
@@ -160,6 +160,11 @@ def _label(row: dict) -> str:
     return "  |  ".join(parts)
 
 
+def _why(row: dict) -> str:
+    """The precision cell's tooltip: why it ran in that precision."""
+    return f' title="{html.escape(row["precision_reason"])}"' if row.get("precision_reason") else ""
+
+
 def _html_table(rows: list[dict], settings: list[str]) -> str:
     if not rows:
         return "<i>no runs match</i>"
@@ -169,7 +174,8 @@ def _html_table(rows: list[dict], settings: list[str]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = []
     for row in rows:
-        cells = "".join(f"<td>{html.escape(format_cell(c, row.get(c)))}</td>" for c in columns)
+        cells = "".join(f"<td{_why(row) if c == 'precision' else ''}>{html.escape(format_cell(c, row.get(c)))}</td>"
+                        for c in columns)
         title = f' title="{html.escape(row["problem"])}"' if row.get("problem") else ""
         body.append(f"<tr{title}>{cells}</tr>")
     return ("<div style='max-height:22em;overflow:auto'><table class='workbench-runs' "
