@@ -2,7 +2,8 @@
 
 ``Task`` lists what the engine's loop asks of a task; ``split_batch``, ``fingerprint``,
 ``load_pretrained``, ``load_full_state`` and ``enable_gradient_checkpointing`` are the
-helpers the tasks have in common.
+helpers the tasks have in common, ``write_predictions`` / ``read_predictions`` the
+evaluation's answers saved beside a model (token classification, question answering).
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import torch
 
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import ModelError
+
+# Beside a saved model (model/, best/): the answers of the evaluation those weights had, one
+# JSON object per line, so an error analysis reads the run folder instead of predicting again.
+PREDICTIONS_FILE = "eval_predictions.jsonl"
 
 
 class Task(Protocol):
@@ -144,3 +149,18 @@ def load_full_state(model, state: dict[str, torch.Tensor], fix: str) -> None:
     if missing or unexpected:
         raise ModelError(f"The checkpoint's weights do not fit this model (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}).", fix)
+
+
+def write_predictions(directory: str | Path, rows: list[dict]) -> None:
+    """``rows`` as ``PREDICTIONS_FILE`` in ``directory`` (nothing when there are none yet)."""
+    if rows:
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        (Path(directory) / PREDICTIONS_FILE).write_text(text, encoding="utf-8")
+
+
+def read_predictions(model_dir: str | Path) -> list[dict]:
+    """The evaluation's answers saved beside a model; [] when the folder has none."""
+    path = Path(model_dir) / PREDICTIONS_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
