@@ -39,6 +39,12 @@ DEFAULT_BEST_METRIC = {"classification": "accuracy", "causal_lm": "loss", "token
                        "question_answering": "f1"}
 
 
+def window_stride(doc_stride: int | None, max_length: int) -> int:
+    """Context tokens two question-answering windows share: ``doc_stride``, or a third of
+    ``max_length`` up to 128 (run_qa.py's 128 for 384 tokens)."""
+    return doc_stride if doc_stride is not None else max(1, min(128, max_length // 3))
+
+
 def default_best_metric(task: str | None) -> str:
     """The metric that picks the best model of ``task`` when ``best_metric`` is not set."""
     return DEFAULT_BEST_METRIC.get(task or "classification", "accuracy")
@@ -204,7 +210,7 @@ class TrainConfig:
     question_column: str = "question"
     context_column: str = "context"
     answers_column: str = "answers"  # {"text": [...], "answer_start": [...]}; empty lists: unanswerable
-    doc_stride: int = 128  # tokens of context two consecutive windows share (contexts past max_length)
+    doc_stride: int | None = None  # context tokens two windows share; None: max_length // 3, at most 128
     max_answer_length: int = 30  # tokens: a longer span is never the answer
     n_best: int = 20  # start and end candidates per window that post-processing pairs up
     null_score_threshold: float = 0.0  # unanswerable data: "no answer" when its score beats the best span by more
@@ -264,6 +270,11 @@ class TrainConfig:
         """The eval metric that picks the best model: ``best_metric``, or the task's default."""
         return self.best_metric or default_best_metric(self.task)
 
+    @property
+    def window_stride(self) -> int:
+        """``doc_stride``, or for None run_qa.py's 128 of 384: a third of max_length, at most 128."""
+        return window_stride(self.doc_stride, self.max_length)
+
     def _check_spans(self) -> None:
         """The token_classification and question_answering fields."""
         for name in ("tokens_column", "tags_column"):
@@ -275,9 +286,11 @@ class TrainConfig:
         for name in ("question_column", "context_column", "answers_column"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(name, getattr(self, name), "a column name")
-        for name in ("doc_stride", "max_answer_length", "n_best"):
+        for name in ("max_answer_length", "n_best"):
             _check_positive(name, getattr(self, name))
-        if self.task == "question_answering" and self.doc_stride >= self.max_length:
+        if self.doc_stride is not None:
+            _check_positive("doc_stride", self.doc_stride)
+        if self.task == "question_answering" and self.window_stride >= self.max_length:
             raise ConfigError("doc_stride", self.doc_stride, f"fewer tokens than max_length ({self.max_length})",
                               fix="windows overlap by doc_stride tokens and advance by the rest: use about "
                                   "max_length / 3 (128 for max_length 384).")

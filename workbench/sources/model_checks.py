@@ -208,12 +208,17 @@ def _calm_line(report: str, head: str) -> str | None:
     rows = [m.groupdict() for m in map(_ROW.match, report.splitlines()) if m]
     if not rows:
         return None
+    # A checkpoint's pooler (bert.pooler.*) is part of its base model, but token-classification and
+    # question-answering models are built without one: unused there, like the checkpoint's own head.
+    pooler = f"{prefix}.pooler."
     for row in rows:
         inside_base = row["key"].startswith(prefix + ".") or row["key"] == prefix
-        if row["status"] == "CONVERSION" or inside_base:
+        unused_pooler = row["status"] == "UNEXPECTED" and row["key"].startswith(pooler)
+        if row["status"] == "CONVERSION" or (inside_base and not unused_pooler):
             return None
     replaced = {r["key"] for r in rows if r["status"] == "MISMATCH"}
-    unused = sorted({r["key"].split(".")[0] for r in rows if r["status"] == "UNEXPECTED"})
+    unused = sorted({"pooler" if r["key"].startswith(pooler) else r["key"].split(".")[0]
+                     for r in rows if r["status"] == "UNEXPECTED"})
     source = first.split(" from: ", 1)[1].strip() if " from: " in first else "the checkpoint"
     line = (f"{source}: a new {head} was created (expected when"
             " fine-tuning; training fits it)")

@@ -20,16 +20,17 @@ the totals.
 
 from __future__ import annotations
 
-import json
 import math
+import shutil
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from workbench.config import ModelChoice, TrainConfig
-from workbench.errors import DataError
+from workbench.config import ModelChoice, TrainConfig, window_stride
+from workbench.errors import ConfigError, DataError
 from workbench.sources.data_files import ROW_COLUMN, RowLocator
+from workbench.tasks import qa_pipeline
 from workbench.tasks import question_answering_data as data
 from workbench.tasks.base import (
     enable_gradient_checkpointing,
@@ -42,7 +43,7 @@ from workbench.tasks.metrics import squad_metrics, squad_scores
 from workbench.tasks.token_classification import load_fast_tokenizer
 
 SPLITS = ("train", "validation")
-SETTINGS_FILE = "question_answering.json"  # beside the saved model: how it was trained and is read
+PIPELINE_FILE = "qa_pipeline.py"  # beside the saved model: the pipeline that reads it (qa_pipeline.py)
 
 
 class QuestionAnsweringTask:
@@ -59,6 +60,8 @@ class QuestionAnsweringTask:
         self.eval_windows: data.Windows | None = None
         self.predictions: list[dict] = []  # the latest evaluation's answers, for error analysis
         self.window_length = 0  # median train window in tokens: ln of it is a uniform guess's loss
+        self.max_length, self.stride = self.settings.max_length, window_stride(self.settings.doc_stride,
+                                                                                self.settings.max_length)
 
     @property
     def version_2(self) -> bool:
@@ -109,21 +112,27 @@ class QuestionAnsweringTask:
         if not self.examples:
             self.check_data(splits)
         s, out = self.settings, []
+        # max_length here may be the config's capped to the model's positions: the stride follows it
+        self.max_length, self.stride = max_length, window_stride(s.doc_stride, max_length)
+        if self.stride >= max_length:
+            raise ConfigError("doc_stride", s.doc_stride, f"fewer tokens than max_length ({max_length})",
+                              fix="windows overlap by doc_stride tokens and advance by the rest: use about "
+                                  "max_length / 3, or leave doc_stride unset.")
         for split in SPLITS:
             rows = self.examples[split]
-            too_long = data.question_room(rows["question"], tokenizer, max_length, s.doc_stride)
+            too_long = data.question_room(rows["question"], tokenizer, max_length, self.stride)
             if too_long:
                 shown = "; ".join(f"{rows['place'](i)}: {n} tokens" for i, n in too_long[:data.SHOWN])
-                raise DataError(f"{len(too_long)} {split} question(s) leave no more than doc_stride={s.doc_stride} "
+                raise DataError(f"{len(too_long)} {split} question(s) leave no more than doc_stride={self.stride} "
                                 f"tokens of context in a {max_length}-token window: {shown}.",
                                 "raise max_length, lower doc_stride, or shorten those questions.")
             windows = data.make_windows(rows["question"], rows["context"], rows["answers"], tokenizer, max_length,
-                                        s.doc_stride, keep_offsets=split == "validation")
+                                        self.stride, keep_offsets=split == "validation")
             extra = len(windows) - len(rows["question"])
             if extra:
                 self.notes.append((f"{split}: {len(rows['question'])} questions make {len(windows)} windows of at "
                                    f"most {max_length} tokens ({extra} from contexts longer than one window, "
-                                   f"overlapping by doc_stride={s.doc_stride}).", "info"))
+                                   f"overlapping by doc_stride={self.stride}).", "info"))
             out.append(windows)
         lengths = sorted(out[0].lengths)
         self.window_length = lengths[len(lengths) // 2]
@@ -216,20 +225,25 @@ class QuestionAnsweringTask:
                                       "with resume=None.")
 
     def save_model(self, model, tokenizer, directory: Path, state_dict: dict | None = None) -> None:
+        """The model, its tokenizer, and the pipeline that reads it (transformers 5 has none of its own):
+        ``pipeline("question-answering", model=directory, trust_remote_code=True)``."""
+        s = self.settings
+        # config.json: the pipeline's file and class, and its defaults (how the run read its windows)
+        model.config.custom_pipelines = {"question-answering": {
+            "impl": f"{PIPELINE_FILE.removesuffix('.py')}.ExtractiveQuestionAnsweringPipeline",
+            "pt": ["AutoModelForQuestionAnswering"], "type": "text"}}
+        model.config.question_answering = {
+            "max_seq_len": self.max_length, "doc_stride": self.stride, "max_answer_len": s.max_answer_length,
+            "n_best": s.n_best, "handle_impossible_answer": self.version_2,
+            "null_score_threshold": s.null_score_threshold}
         model.save_pretrained(directory, state_dict=state_dict)
         tokenizer.save_pretrained(directory)
-        s = self.settings
-        settings = {"max_length": s.max_length, "doc_stride": s.doc_stride, "max_answer_length": s.max_answer_length,
-                    "n_best": s.n_best, "version_2": self.version_2, "null_score_threshold": s.null_score_threshold,
-                    # what pipeline("question-answering") takes to read the model the way it was evaluated
-                    "pipeline": {"max_seq_len": s.max_length, "doc_stride": s.doc_stride,
-                                 "max_answer_len": s.max_answer_length,
-                                 "handle_impossible_answer": self.version_2}}
-        (Path(directory) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+        shutil.copyfile(qa_pipeline.__file__, Path(directory) / PIPELINE_FILE)
         write_predictions(directory, self.predictions)
 
     def finish(self, model_dir: Path, write_dir) -> list[tuple[str, str]]:
-        return [(f"pipeline('question-answering', model={str(model_dir)!r}) answers a question about a text.",
+        return [(f"pipeline('question-answering', model={str(model_dir)!r}, trust_remote_code=True) answers a "
+                 f"question about a text (the pipeline is {PIPELINE_FILE} in that folder: transformers 5 has none).",
                  "info")]
 
     def check_model(self, choice: ModelChoice) -> None:
@@ -240,5 +254,5 @@ class QuestionAnsweringTask:
         return self.window_length or self.settings.max_length
 
     def identity(self) -> dict:
-        return {"task": self.name, "columns": list(self.columns), "doc_stride": self.settings.doc_stride,
+        return {"task": self.name, "columns": list(self.columns), "doc_stride": self.stride,
                 "data_fingerprint": self.data_fingerprint}

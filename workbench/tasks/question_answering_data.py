@@ -13,8 +13,8 @@ and last token that cover them. A window that does not hold the whole answer is 
 its [CLS] token at both ends: "not here". Unanswerable questions (SQuAD 2.0) are [CLS] in every
 window.
 
-**Post-processing.** For every window the ``n_best`` best starts and ends (context tokens only)
-are paired; a pair is a candidate when the end is not before the start and the span is at most
+**Post-processing** (``qa_pipeline.best_answer``, shared with the pipeline saved beside the
+model). For every window the ``n_best`` best starts and ends (context tokens only) are paired; a pair is a candidate when the end is not before the start and the span is at most
 ``max_answer_length`` tokens; its score is start + end logit. The best candidate over all
 windows of a question is the answer, cut from the context by the offsets. With unanswerable
 questions in the data, "no answer" wins when the [CLS] score (the smallest over the windows)
@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 from workbench.errors import DataError
+from workbench.tasks.qa_pipeline import Answer, Candidates, best_answer  # noqa: F401 - re-exported
 
 SHOWN = 3  # places named in one error
 CHUNK = 1000  # questions tokenized per call
@@ -166,7 +167,8 @@ def question_room(questions: list[str], tokenizer, max_length: int, stride: int)
     """(row, question tokens) of every question too long to leave more than ``stride`` tokens of
     context in a window: the tokenizer cannot make overlapping windows for those."""
     specials = tokenizer.num_special_tokens_to_add(pair=True)
-    lengths = tokenizer([q.lstrip() for q in questions], add_special_tokens=False)["input_ids"]
+    # verbose=False: a question longer than the model's positions is what this looks for, not a warning
+    lengths = tokenizer([q.lstrip() for q in questions], add_special_tokens=False, verbose=False)["input_ids"]
     return [(i, len(ids)) for i, ids in enumerate(lengths) if max_length - specials - len(ids) <= stride]
 
 
@@ -189,48 +191,9 @@ class WindowCollator:
 
 
 # ------------------------------------------------------------------- post-processing
-@dataclass
-class Candidates:
-    """One window's post-processing input: its top starts and ends (token, logit), its [CLS]
-    score and its offsets (-1 outside the context)."""
-
-    starts: list[tuple[int, float]]
-    ends: list[tuple[int, float]]
-    null_score: float
-    offsets: np.ndarray
-
-
-@dataclass
-class Answer:
-    text: str  # "" for "no answer"
-    score: float  # start + end logit (for "no answer": the [CLS] score)
-    start: int | None = None  # characters of the context, end exclusive
-    end: int | None = None
-
-
-def best_answer(windows: list[Candidates], context: str, max_answer_length: int, *, allow_null: bool = False,
-                null_threshold: float = 0.0) -> Answer:
-    """The best span over all windows of one question (see the module docstring)."""
-    best: tuple[float, int, int] | None = None
-    for window in windows:
-        offsets = window.offsets
-        for i, start_logit in window.starts:
-            if i >= len(offsets) or offsets[i][0] < 0 or not math.isfinite(start_logit):
-                continue
-            for j, end_logit in window.ends:
-                if j >= len(offsets) or offsets[j][0] < 0 or not math.isfinite(end_logit):
-                    continue
-                if j < i or j - i + 1 > max_answer_length:
-                    continue
-                score = start_logit + end_logit
-                if best is None or score > best[0]:
-                    best = (score, int(offsets[i][0]), int(offsets[j][1]))
-    null = min((w.null_score for w in windows), default=-math.inf)
-    if allow_null and (best is None or null - best[0] > null_threshold):
-        return Answer("", null)
-    if best is None:
-        return Answer("", -math.inf)
-    return Answer(context[best[1]:best[2]], best[0], best[1], best[2])
+# Candidates, Answer and best_answer come from qa_pipeline.py, the pipeline saved beside the
+# model (standalone, so that it can travel with the weights): evaluation and a reload pick the
+# same span.
 
 
 def top_candidates(logits: torch.Tensor, mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,8 @@ and question answering: the dataset picker recognises words + tags and question 
 answers and shows the entities or the answers in context (workbench.widgets.span_views).
 The HTML pieces are in workbench.widgets.html_blocks. Here: the controls, the events and the export.
 
-Why ~600 lines: two pickers and the combined one, each one class, share the export.
+Why ~650 lines: two pickers and the combined one, each one class, share the export. The next
+split: DatasetPicker (with its task views) into a module of its own, the export beside it.
 """
 
 from __future__ import annotations

@@ -9,13 +9,13 @@ dataset picker, two playgrounds, and the error analysis of a run.
 
 The playgrounds load the saved model with ``transformers.pipeline`` exactly as a user would
 (``"token-classification"`` with ``aggregation_strategy="simple"``; ``"question-answering"``
-with the settings the run saved beside it), so what they show is what a reload gives.
+with ``trust_remote_code=True``: the pipeline file saved beside the model, with the run's
+settings), so what they show is what a reload gives.
 """
 
 from __future__ import annotations
 
 import html
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -224,12 +224,11 @@ class AnswerPlayground:
     def __init__(self, model_dir: str | Path, *, device: str | int | None = None):
         from transformers import pipeline
 
-        from workbench.tasks.question_answering import SETTINGS_FILE
-
         self.model_dir = Path(model_dir)
-        settings_file = self.model_dir / SETTINGS_FILE
-        self.settings = json.loads(settings_file.read_text())["pipeline"] if settings_file.is_file() else {}
-        self.pipe = pipeline("question-answering", model=str(self.model_dir), device=device)
+        # The pipeline saved beside the model (transformers 5 has none of its own): trust_remote_code
+        # runs that file, the workbench's qa_pipeline.py, with the run's window settings as defaults.
+        self.pipe = pipeline("question-answering", model=str(self.model_dir), device=device, trust_remote_code=True)
+        self.settings = self.pipe.settings()
         self.context = widgets.Textarea(placeholder="Paste a text here.",
                                         layout=widgets.Layout(width="100%", height="140px"))
         self.question = widgets.Text(placeholder="Ask a question about it.", layout=widgets.Layout(width="100%"))
@@ -251,7 +250,7 @@ class AnswerPlayground:
         if context is not None:
             self.context.value = context
         try:
-            answer = self.pipe(question=self.question.value, context=self.context.value, **self.settings)
+            answer = self.pipe(question=self.question.value, context=self.context.value)
             self.answer = {**answer, "score": float(answer["score"])}
             if not self.answer["answer"]:
                 self.output.value = note_html(f"No answer in this text (score {self.answer['score']:.2f}).")
