@@ -98,3 +98,22 @@ def test_detect_task_from_columns():
     assert detect_task(Dataset.from_dict({"tokens": [["a"]], "labels": [1]})) == "classification"
     assert detect_task(Dataset.from_dict({"prompt": ["a"], "completion": ["b"]})) == "causal_lm"
     assert find_token_columns(Dataset.from_dict({"tokens": [["a"]], "ner": [["O"]]})) == ("tokens", "ner")
+
+
+def test_a_hub_loading_script_is_read_from_the_parquet_export(monkeypatch):
+    """datasets 4 refuses loading scripts (eriktks/conll2003 is one); the Hub's Parquet copy of it loads."""
+    import datasets
+
+    from workbench.sources import data
+
+    asked = []
+
+    def load_dataset(name, config_name=None, revision=None):
+        asked.append(revision)
+        if revision is None:
+            raise RuntimeError("Dataset scripts are no longer supported, but found conll2003.py")
+        return datasets.DatasetDict(train=Dataset.from_dict({"tokens": [["EU"]], "ner_tags": [[3]]}))
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    assert data.load_hub("eriktks/conll2003")["train"][0]["tokens"] == ["EU"]
+    assert asked == [None, "refs/convert/parquet"]

@@ -15,7 +15,9 @@ Start reading at ``base.py`` (the protocol), then one task:
     token_classification.py TokenClassificationTask (named entities: a tag per word; seqeval scores)
     token_classification_data.py  its rows: tag checks, the tag scheme, labels aligned to sub-words
     question_answering.py   QuestionAnsweringTask (extractive QA, SQuAD 1.1 and 2.0: spans of a context)
-    question_answering_data.py    its rows: answer checks, context windows, labels, span post-processing
+    question_answering_data.py    its rows: answer checks, context windows and their labels
+    qa_pipeline.py          the post-processing (best span over windows) and the pipeline saved
+                            beside a QA model (standalone: transformers 5 has no QA pipeline)
     lora.py                 LoRA / QLoRA adapters (the only importer of peft, with causal_lm)
     metrics.py              accuracy / F1, entity scores (seqeval), SQuAD exact match / F1
 
