@@ -33,9 +33,9 @@ from workbench.sources.data_files import ROW_COLUMN, RowLocator
 from workbench.tasks import qa_pipeline
 from workbench.tasks import question_answering_data as data
 from workbench.tasks.base import (
+    FullWeights,
     enable_gradient_checkpointing,
     fingerprint,
-    load_full_state,
     load_pretrained,
     write_predictions,
 )
@@ -46,7 +46,7 @@ SPLITS = ("train", "validation")
 PIPELINE_FILE = "qa_pipeline.py"  # beside the saved model: the pipeline that reads it (qa_pipeline.py)
 
 
-class QuestionAnsweringTask:
+class QuestionAnsweringTask(FullWeights):
     """Extractive QA: the answer is a span of the context."""
 
     name = "question_answering"
@@ -140,7 +140,7 @@ class QuestionAnsweringTask:
         return tuple(out)
 
     def collator(self, tokenizer):
-        return data.WindowCollator(tokenizer.pad_token_id)
+        return data.collator(tokenizer.pad_token_id)
 
     def rows(self, batch: dict) -> int:
         return len(batch["input_ids"])
@@ -213,17 +213,7 @@ class QuestionAnsweringTask:
                                version_2=self.version_2)
         return {"eval_loss": loss.double().mean().item(), **scores}
 
-    def generation_metrics(self, model, tokenizer) -> dict[str, float]:
-        return {}
-
     # -- saving ---------------------------------------------------------------------
-    def model_state(self, model) -> dict[str, torch.Tensor]:
-        return model.state_dict()
-
-    def load_model_state(self, model, state: dict[str, torch.Tensor]) -> None:
-        load_full_state(model, state, "resume with the model the run was started with, or start over "
-                                      "with resume=None.")
-
     def save_model(self, model, tokenizer, directory: Path, state_dict: dict | None = None) -> None:
         """The model, its tokenizer, and the pipeline that reads it (transformers 5 has none of its own):
         ``pipeline("question-answering", model=directory, trust_remote_code=True)``."""
@@ -245,9 +235,6 @@ class QuestionAnsweringTask:
         return [(f"pipeline('question-answering', model={str(model_dir)!r}, trust_remote_code=True) answers a "
                  f"question about a text (the pipeline is {PIPELINE_FILE} in that folder: transformers 5 has none).",
                  "info")]
-
-    def check_model(self, choice: ModelChoice) -> None:
-        """Nothing depends on the model's layers: the span head is new."""
 
     def num_classes(self) -> int | None:
         """Positions a start (or end) is chosen among: a uniform guess's loss is ln of the window length."""

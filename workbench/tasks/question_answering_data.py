@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from workbench.errors import DataError
+from workbench.tasks.base import PadToLongest, RowsDataset
 from workbench.tasks.qa_pipeline import Answer, Candidates, best_answer  # noqa: F401 - re-exported
 
 SHOWN = 3  # places named in one error
@@ -101,26 +100,13 @@ def answer_tokens(offsets: list[tuple[int, int]], in_context: list[bool], start_
     return start - 1, end + 1
 
 
-@dataclass
-class Windows(Dataset):
-    """The windows of a split: model inputs and labels as lists, plus what post-processing needs."""
+class Windows(RowsDataset):
+    """The windows of a split: model inputs and labels, plus what post-processing needs."""
 
-    columns: dict[str, list]
-    example: list[int]  # per window: the row (question) it came from
-    offsets: list[np.ndarray] = field(default_factory=list)  # per window: (tokens, 2) characters, -1 outside
-    # the context; kept for evaluation windows only
-    lengths: list[int] = field(default_factory=list)
-
-    def __post_init__(self):
-        self.lengths = [len(ids) for ids in self.columns["input_ids"]]
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, index: int) -> dict:
-        row = {name: values[index] for name, values in self.columns.items()}
-        row["feature"] = index
-        return row
+    def __init__(self, columns: dict[str, list], example: list[int], offsets: list[np.ndarray]):
+        super().__init__(columns, "feature")
+        self.example = example  # per window: the row (question) it came from
+        self.offsets = offsets  # per window: (tokens, 2) context characters, -1 outside; evaluation only
 
 
 def make_windows(questions: list[str], contexts: list[str], answers: list[dict], tokenizer, max_length: int,
@@ -172,22 +158,9 @@ def question_room(questions: list[str], tokenizer, max_length: int, stride: int)
     return [(i, len(ids)) for i, ids in enumerate(lengths) if max_length - specials - len(ids) <= stride]
 
 
-class WindowCollator:
-    """Pads a batch of windows to its longest: ids with the pad id, masks and token types with 0."""
-
-    def __init__(self, pad_id: int):
-        self.pad = {"input_ids": pad_id, "token_type_ids": 0, "context_mask": 0}
-
-    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        longest = max(len(r["input_ids"]) for r in rows)
-        batch = {name: torch.tensor([r[name] + [value] * (longest - len(r[name])) for r in rows])
-                 for name, value in self.pad.items() if name in rows[0]}
-        batch["attention_mask"] = torch.tensor([[1] * len(r["input_ids"]) + [0] * (longest - len(r["input_ids"]))
-                                                for r in rows])
-        for name in ("start_positions", "end_positions", "cls_index", "feature"):
-            if name in rows[0]:
-                batch[name] = torch.tensor([r[name] for r in rows])
-        return batch
+def collator(pad_id: int) -> PadToLongest:
+    """Pads ids with the pad id, token types and the context mask with 0."""
+    return PadToLongest({"input_ids": pad_id, "token_type_ids": 0, "context_mask": 0})
 
 
 # ------------------------------------------------------------------- post-processing

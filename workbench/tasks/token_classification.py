@@ -26,9 +26,9 @@ from workbench.sources.data_checks import find_token_columns
 from workbench.sources.data_files import ROW_COLUMN, RowLocator
 from workbench.tasks import token_classification_data as data
 from workbench.tasks.base import (
+    FullWeights,
     enable_gradient_checkpointing,
     fingerprint,
-    load_full_state,
     load_pretrained,
     write_predictions,
 )
@@ -59,7 +59,7 @@ def load_fast_tokenizer(choice: ModelChoice, task: str):
     return tokenizer
 
 
-class TokenClassificationTask:
+class TokenClassificationTask(FullWeights):
     """Named entities (or any tag per word) with any AutoModelForTokenClassification."""
 
     name = "token_classification"
@@ -149,7 +149,7 @@ class TokenClassificationTask:
         return tuple(out)
 
     def collator(self, tokenizer):
-        return data.TokenCollator(tokenizer.pad_token_id)
+        return data.collator(tokenizer.pad_token_id)
 
     def rows(self, batch: dict) -> int:
         return len(batch["input_ids"])
@@ -224,17 +224,7 @@ class TokenClassificationTask:
             out.append([names[labels[p]] if 0 <= p < len(labels) and labels[p] >= 0 else "O" for p in firsts])
         return gold, out
 
-    def generation_metrics(self, model, tokenizer) -> dict[str, float]:
-        return {}
-
     # -- saving ---------------------------------------------------------------------
-    def model_state(self, model) -> dict[str, torch.Tensor]:
-        return model.state_dict()
-
-    def load_model_state(self, model, state: dict[str, torch.Tensor]) -> None:
-        load_full_state(model, state, "resume with the model the run was started with, or start over "
-                                      "with resume=None.")
-
     def save_model(self, model, tokenizer, directory: Path, state_dict: dict | None = None) -> None:
         model.save_pretrained(directory, state_dict=state_dict)
         tokenizer.save_pretrained(directory)
@@ -246,9 +236,6 @@ class TokenClassificationTask:
     def finish(self, model_dir: Path, write_dir) -> list[tuple[str, str]]:
         return [(f"pipeline('token-classification', model={str(model_dir)!r}, aggregation_strategy='simple') "
                  "finds the entities in a text.", "info")]
-
-    def check_model(self, choice: ModelChoice) -> None:
-        """Nothing depends on the model's layers: the head is made for the tags."""
 
     def num_classes(self) -> int | None:
         return len(self.mapping.names) if self.mapping else None

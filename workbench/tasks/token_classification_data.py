@@ -28,10 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-from torch.utils.data import Dataset
-
 from workbench.errors import DataError
+from workbench.tasks.base import PadToLongest, RowsDataset
+from workbench.tasks.classification_data import LabelMapping
 
 IGNORE = -100  # label of a position without loss (special tokens, later sub-words with "first")
 PREFIXES = ("B", "I", "E", "S")
@@ -56,19 +55,10 @@ def tag_order(tag: str) -> tuple:
 
 
 @dataclass
-class TagMapping:
-    """Tag names by label id, and the tag scheme."""
+class TagMapping(LabelMapping):
+    """Tag names by label id (``values`` are the names: tags are their own values), and the scheme."""
 
-    names: list[str]
-    scheme: str  # IOB1 | IOB2 | IOBES
-
-    @property
-    def id2label(self) -> dict[int, str]:
-        return dict(enumerate(self.names))
-
-    @property
-    def label2id(self) -> dict[str, int]:
-        return {name: i for i, name in enumerate(self.names)}
+    scheme: str = "IOB2"  # IOB1 | IOB2 | IOBES
 
     def types(self) -> list[str]:
         return sorted({split_tag(n)[1] for n in self.names if split_tag(n) and split_tag(n)[0] != "O"})
@@ -185,7 +175,7 @@ def build_mapping(train_tags: list[list[str]], names: list[str] | None, scheme: 
         tags += [f"{p}-{k}" for k in kinds for p in needed if f"{p}-{k}" not in tags]
         if names is None:  # a ClassLabel's ids stay as given; ids made here stay in the readable order
             tags.sort(key=tag_order)
-    return TagMapping(names=tags, scheme=scheme)
+    return TagMapping(values=list(tags), names=tags, scheme=scheme)
 
 
 def check_known(tags: list[list[str]], known: set[str], split: str, locate: Callable) -> None:
@@ -237,22 +227,13 @@ def align_labels(word_ids: list[int | None], tags: list[str], label2id: dict[str
 
 
 # ---------------------------------------------------------------------- tokenized
-class TokenRows(Dataset):
-    """Token ids, labels and each word's first sub-word position per row (Python lists)."""
+class TokenRows(RowsDataset):
+    """Token ids and labels per row, and where each word's prediction is read."""
 
     def __init__(self, columns: dict[str, list], first_positions: list[list[int]], cut_words: int):
-        self.columns = columns
-        self.first_positions = first_positions  # per row: where each word's prediction is read
+        super().__init__(columns, "row")
+        self.first_positions = first_positions  # per row: each word's first sub-word, -1 when cut away
         self.cut_words = cut_words  # words beyond max_length (they count as predicted O)
-        self.lengths = [len(ids) for ids in columns["input_ids"]]
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, index: int) -> dict:
-        row = {name: values[index] for name, values in self.columns.items()}
-        row["row"] = index
-        return row
 
 
 def tokenize(words: list[list[str]], tags: list[list[str]], tokenizer, mapping: TagMapping, max_length: int,
@@ -276,20 +257,9 @@ def tokenize(words: list[list[str]], tags: list[list[str]], tokenizer, mapping: 
     return TokenRows(columns, firsts, cut)
 
 
-class TokenCollator:
-    """Pads a batch to its longest row: ids with the pad id, labels with -100, the mask with 0."""
-
-    def __init__(self, pad_id: int):
-        self.pad = {"input_ids": pad_id, "labels": IGNORE, "token_type_ids": 0}
-
-    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        longest = max(len(r["input_ids"]) for r in rows)
-        batch = {name: torch.tensor([r[name] + [value] * (longest - len(r[name])) for r in rows])
-                 for name, value in self.pad.items() if name in rows[0]}
-        batch["attention_mask"] = torch.tensor([[1] * len(r["input_ids"]) + [0] * (longest - len(r["input_ids"]))
-                                                for r in rows])
-        batch["row"] = torch.tensor([r["row"] for r in rows])
-        return batch
+def collator(pad_id: int) -> PadToLongest:
+    """Pads ids with the pad id and labels with -100 (no loss on padding)."""
+    return PadToLongest({"input_ids": pad_id, "labels": IGNORE, "token_type_ids": 0})
 
 
 # ---------------------------------------------------------------------- error analysis
