@@ -163,11 +163,11 @@ def test_a_question_that_leaves_no_room_for_the_context(tiny_span_bert, tmp_path
 
 
 # ---------------------------------------------------------------------- training
-@pytest.mark.slow  # ~35 s on two idle cores (36 MiniLM steps), ten times that on busy ones
+@pytest.mark.slow  # ~45 s on two idle cores (54 MiniLM steps), ten times that on busy ones
 def test_minilm_learns_to_answer_and_reloads_with_the_pipeline(minilm, qa_folder, tmp_path):
     out = tmp_path / "run"
     result = fit(str(minilm), str(qa_folder), output_dir=str(out), progress="none", num_workers=0,
-                 num_epochs=2, batch_size=16, learning_rate=5e-4, max_length=96, doc_stride=32)
+                 num_epochs=3, batch_size=16, learning_rate=3e-4, max_length=96, doc_stride=32)
     assert result.status == "completed"
     start = json.loads((out / "events.jsonl").read_text().splitlines()[0])
     assert start["config"]["task"] == "question_answering"  # picked from the SQuAD files
@@ -175,7 +175,7 @@ def test_minilm_learns_to_answer_and_reloads_with_the_pipeline(minilm, qa_folder
                 if '"message"' in line]
     assert any("windows" in m and "overlapping by doc_stride=32" in m for m in messages)
     assert set(result.metrics) == {"eval_loss", "eval_exact_match", "eval_f1"}
-    assert result.metrics["eval_f1"] > 0.25, result.metrics  # ~0.4 after 36 steps; a broken window mapping ~0.05
+    assert result.metrics["eval_f1"] > 0.3, result.metrics  # 0.43 after 54 steps; a broken window mapping ~0.05
 
     saved = [json.loads(line) for line in (result.model_dir / "eval_predictions.jsonl").read_text().splitlines()]
     assert len(saved) == 36
