@@ -50,5 +50,14 @@ def sentiment_data():
 
 
 # Causal-LM fixtures (smollm2_dir, tiny_llama_dir) live in their own module.
-from llm_fixtures import smollm2_dir, tiny_llama_dir  # noqa: E402, F401
+from llm_fixtures import smollm2_dir, tiny_llama_dir, tiny_lora_run  # noqa: E402, F401
 from span_fixtures import minilm, ner_folder, qa_folder, tiny_span_bert  # noqa: E402, F401
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _course_results_stay_in_a_temp_folder(tmp_path_factory):
+    """Check cells keep every result in a local file (workbench/classroom/client.py): the
+    tests' results go to a throw-away folder, not to ~/.local/share."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WORKBENCH_COURSE_DIR", str(tmp_path_factory.mktemp("course-results")))
+        yield

@@ -60,3 +60,33 @@ def smollm2_dir() -> Path:
 def tiny_llama_dir(smollm2_dir, tmp_path_factory) -> Path:
     """A 2-layer, hidden-64 random Llama with SmolLM2's tokenizer and chat template."""
     return make_tiny_llama(smollm2_dir, tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def write_chat_files(folder: Path, n_train: int = 32, n_eval: int = 8, seed: int = 0) -> Path:
+    """train.jsonl and validation.jsonl of generated chats (sources/synthetic_llm.py) in ``folder``."""
+    import json
+
+    from workbench.sources.synthetic_llm import make_chat_rows
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train", make_chat_rows(n_train, seed)), ("validation", make_chat_rows(n_eval, seed + 1))):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return folder
+
+
+TINY_LORA = {"task": "causal_lm", "lora_r": 4, "lora_alpha": 8, "learning_rate": 3e-3, "batch_size": 8,
+             "max_length": 160, "num_workers": 0, "log_every": 1}
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_run(tiny_llama_dir, tmp_path_factory) -> Path:
+    """A finished LoRA run of the tiny Llama on chat files (4 steps, ~10 s): model/ (the adapter), best/,
+    model_merged/, run.json with the data's path, and the events of a step-0 and two later evaluations."""
+    from workbench.engine.train import fit
+
+    root = tmp_path_factory.mktemp("lora-run")
+    data = write_chat_files(root / "data")
+    out = root / "run"
+    fit(str(tiny_llama_dir), str(data), output_dir=str(out), max_steps=4, eval_every=2, merge_adapter=True,
+        eval_before_training=True, **TINY_LORA)
+    return out

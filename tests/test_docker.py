@@ -129,7 +129,7 @@ def test_volumes_and_writable_dirs_fit_a_read_only_root():
     for name in ("JUPYTER_RUNTIME_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "IPYTHONDIR",
                  "MPLCONFIGDIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR", "HF_HOME",
                  "TORCH_HOME", "TRITON_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
-                 "CUDA_CACHE_PATH", "XDG_CACHE_HOME"):
+                 "CUDA_CACHE_PATH", "XDG_CACHE_HOME", "WORKBENCH_COURSE_DIR"):
         assert env[name].startswith(writable), f"{name}={env[name]} is on the read-only root"
     assert env["HF_HOME"].startswith("/cache/")
     assert env["JUPYTER_RUNTIME_DIR"].startswith("/run/workbench")

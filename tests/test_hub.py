@@ -1,11 +1,15 @@
-"""A class on a real JupyterHub: two students, their own servers, doctor in a kernel, culling.
+"""A class on a real JupyterHub: two students, their own servers, doctor in a kernel, culling;
+then the class service: two more students' check cells report, their teacher sees who passed.
 
 Everything is real except the Docker image: `jupyterhub` (PyPI) with `configurable-http-proxy`
 (npm, installed by scripts/setup_hub_proxy.sh), the DummyAuthenticator with a shared password,
 SimpleLocalProcessSpawner starting each user's server through docker/entrypoint.sh (its
-JupyterHub branch: workbench.server.hub_singleuser and the workbench server configuration), and
-jupyterhub-idle-culler as a hub-managed service, as in environment/hub/z2jh-values.yaml.
-The whole module takes about a minute; it runs as root here (WORKBENCH_ALLOW_ROOT=1).
+JupyterHub branch: workbench.server.hub_singleuser and the workbench server configuration),
+jupyterhub-idle-culler as a hub-managed service, as in environment/hub/z2jh-values.yaml, and the
+class service (workbench/classroom/) added by the same `hub_config.configure` as
+environment/hub/jupyterhub_config.py. One hub serves the whole module: about 2 minutes on an
+idle 2-core machine (the first test 75 s, the class service's three 45-60 s), 3 on a busy one.
+It runs as root here (WORKBENCH_ALLOW_ROOT=1).
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ PASSWORD = "class-of-2026-shared-password"  # DummyAuthenticator: one password f
 # moments of a busy 2-core machine (a server is "idle" when no request or kernel message came).
 CULL_TIMEOUT_S = 40
 USERS = ("alice", "bob")
+# The class of the class-service tests: two students in two groups and their teacher.
+GROUPS = {"carol": "section-a", "dave": "section-b"}
+TEACHER = "teacher"
+TEACHER_GROUP = "teachers"
 
 HUB_CONFIG = """
 # Written by tests/test_hub.py: a throw-away hub on 127.0.0.1.
@@ -56,6 +64,7 @@ c.JupyterHub.last_activity_interval = 3
 c.JupyterHub.authenticator_class = "dummy"
 c.DummyAuthenticator.password = {password!r}
 c.Authenticator.allowed_users = {users!r}
+c.JupyterHub.load_groups = {groups!r}
 
 # Every user's server through the image's entrypoint, as KubeSpawner would start it, but
 # as a local process (no Docker here) in its own home folder.
@@ -86,7 +95,21 @@ c.JupyterHub.load_roles = [{{
     "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
     "services": ["idle-culler"],
 }}]
+
+# The class service, added as environment/hub/jupyterhub_config.py adds it; the kernels
+# reach it through the hub's proxy.
+from workbench.classroom.hub_config import configure
+c.Spawner.environment.update(configure(
+    c, url="http://127.0.0.1:{service_port}", kernel_url="http://127.0.0.1:{port}/services/classroom/",
+    db="{tmp}/classroom.sqlite"))
 """
+
+
+def _hub_groups() -> dict:
+    groups = {TEACHER_GROUP: {"users": [TEACHER]}}
+    for name, group in GROUPS.items():
+        groups.setdefault(group, {"users": []})["users"].append(name)
+    return groups
 
 
 class Hub:
@@ -102,8 +125,9 @@ class Hub:
         config = tmp / "jupyterhub_config.py"
         config.write_text(HUB_CONFIG.format(
             port=self.port, hub_port=free_port(), proxy_api_port=free_port(), proxy=str(PROXY), tmp=tmp,
-            password=PASSWORD, users=set(USERS), entrypoint=str(ENTRYPOINT), server_config=str(SERVER_CONFIG),
-            notebooks=str(REPO / "notebooks"), cull_timeout=CULL_TIMEOUT_S))
+            password=PASSWORD, users={*USERS, *GROUPS, TEACHER}, entrypoint=str(ENTRYPOINT),
+            server_config=str(SERVER_CONFIG), notebooks=str(REPO / "notebooks"), cull_timeout=CULL_TIMEOUT_S,
+            service_port=free_port(), groups=_hub_groups()))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "WORKBENCH_"))}
         # `workbench` (the CLI students type in a kernel) and node for the proxy on PATH.
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
@@ -357,3 +381,259 @@ def test_a_class_on_jupyterhub(hub):
     r = alice.api("GET", f"/user/alice/api/kernels/{kernels['alice']}")
     assert r.status_code == 200
     print(f"hub test: {time.monotonic() - started:.0f} s in all; bob culled {culled_after:.0f} s after going idle")
+
+
+# --- the class service: check cells report, the teacher sees who passed ---------------------
+# Three steps on one class session (the fixture below runs the students' kernels once): what
+# the service stores and who may see it; the teacher's page in a browser; a burst of posts.
+# They run in this order (pytest keeps a module's order); each also runs alone.
+
+WELCOME = ("bert-course", "00_welcome", "warm-up")  # a check a teacher writes with verdict()
+EX1 = ("bert-course", "02_bert_course", "1. tokenized batch")
+EX2 = ("bert-course", "02_bert_course", "2. logits -> probabilities")
+IMPORTS = "import os, torch\nfrom workbench.course import checks as course_checks\n"
+# Each student's check cells, as they would type them, in order (passing and failing).
+CHECK_CELLS = {
+    "carol": [
+        "course_checks.check_probabilities(lambda logits: torch.softmax(logits, dim=0));",  # wrong dim
+        "course_checks.check_probabilities(lambda logits: torch.softmax(logits, dim=-1));",
+        "course_checks.verdict('warm-up', 6 * 7 == 42, 'the answer is 42', notebook='00_welcome', course='bert-course');",
+    ],
+    "dave": [
+        "course_checks.check_probabilities(torch.sigmoid);",
+        # The service is down (here: a port nobody listens on): the result waits on his server...
+        "url = os.environ['WORKBENCH_CLASSROOM_URL']\n"
+        "os.environ['WORKBENCH_CLASSROOM_URL'] = 'http://127.0.0.1:{closed_port}/services/classroom/'\n"
+        "course_checks.verdict('warm-up', False, 'not yet', notebook='00_welcome', course='bert-course');\n"
+        "os.environ['WORKBENCH_CLASSROOM_URL'] = url",
+        # ... and goes out with his next check, once the service answers again.
+        "course_checks.check_tokenized_batch(None, ['a sentence'], None, 8);",
+    ],
+}
+# What the teacher must see: student -> exercise -> (status, attempts).
+EXPECTED = {
+    "carol": {EX2: ("passed", 2), WELCOME: ("passed", 1)},
+    "dave": {EX2: ("tried", 1), WELCOME: ("tried", 1), EX1: ("tried", 1)},
+}
+
+
+def _key(exercise: tuple[str, str, str]) -> str:
+    return "\x1f".join(exercise)
+
+
+def _record(exercise: tuple[str, str, str], passed: bool, **extra) -> dict:
+    course, notebook, name = exercise
+    return {"id": uuid.uuid4().hex, "course": course, "notebook": notebook, "exercise": name,
+            "passed": passed, "attempt": 1, "at": "2026-01-05T09:00:00.000000Z", "version": "test",
+            **extra}
+
+
+def _post(token: str, hub: Hub, results: list[dict]) -> requests.Response:
+    return http().post(f"{hub.url}/services/classroom/api/results", json={"results": results},
+                       headers={"Authorization": f"token {token}"}, timeout=30)
+
+
+def _open_service(person: Student) -> requests.Response:
+    """The service's page in ``person``'s browser session: the hub's OAuth, then the page."""
+    return person.session.get(f"{person.hub.url}/services/classroom/", timeout=60)
+
+
+def _progress(teacher: Student) -> dict:
+    r = teacher.session.get(f"{teacher.hub.url}/services/classroom/api/progress", timeout=30)
+    assert r.status_code == 200, (r.status_code, r.text[:300])
+    return r.json()
+
+
+def _cells(table: dict) -> dict[str, dict[tuple, tuple[str, int]]]:
+    exercises = {e["key"]: (e["course"], e["notebook"], e["exercise"]) for e in table["exercises"]}
+    return {s["name"]: {exercises[k]: (c["status"], c["attempts"]) for k, c in s["cells"].items()}
+            for s in table["students"]}
+
+
+@pytest.fixture(scope="module")
+def class_results(hub):
+    """Carol and Dave log in, get their servers, and run their check cells in real kernels;
+    the teacher logs in. Returns the people and each cell's output."""
+    people = {name: Student(hub, name) for name in (*GROUPS, TEACHER)}
+    for person in people.values():
+        assert person.login().status_code == 302
+        person.make_token()
+    students = [people[name] for name in GROUPS]
+    for s in students:
+        assert s.api("POST", f"/hub/api/users/{s.name}/server").status_code in (201, 202)
+    for s in students:
+        wait_for(lambda s=s: (s.server() or {}).get("ready"), 120, f"{s.name}'s server start", hub)
+    kernels = {}
+    for s in students:
+        r = s.api("POST", f"/user/{s.name}/api/kernels", json={"name": "python3"})
+        assert r.status_code == 201, r.text
+        kernels[s.name] = r.json()["id"]
+
+    async def run_cells(s: Student) -> list[str]:
+        await execute(s, kernels[s.name], IMPORTS)
+        cells = [c.replace("{closed_port}", str(free_port())) for c in CHECK_CELLS[s.name]]
+        return [await execute(s, kernels[s.name], cell) for cell in cells]
+
+    async def everyone():
+        return await asyncio.gather(*(run_cells(s) for s in students))
+
+    outputs = dict(zip(GROUPS, asyncio.run(everyone()), strict=True))
+    assert _open_service(people[TEACHER]).status_code == 200  # the teacher's OAuth login to the service
+    return people, outputs
+
+
+def test_check_cells_report_to_the_teacher(hub, class_results):
+    people, outputs = class_results
+    carol, dave, teacher = people["carol"], people["dave"], people[TEACHER]
+
+    # --- in the kernels: the verdict, then one line saying where the result went -------------
+    for name, cells in outputs.items():
+        for text in cells:
+            assert text.startswith(("✅", "❌")), (name, text)
+    assert all(text.rstrip().endswith("recorded for your teacher") for text in outputs["carol"])
+    # dave's second check ran while the service was unreachable: kept, sent with the third.
+    assert outputs["dave"][1].rstrip().endswith("it reaches your teacher with a later check")
+    assert outputs["dave"][2].rstrip().endswith("recorded for your teacher")
+
+    # --- the teacher's page: the hub's OAuth login, then exactly the two students' results ---
+    r = http().get(f"{hub.url}/services/classroom/", allow_redirects=False, timeout=30)
+    assert r.status_code == 302 and "/hub/api/oauth2/authorize" in r.headers["Location"], r.status_code
+    r = _open_service(teacher)
+    assert r.status_code == 200 and "Class progress" in r.text, (r.status_code, r.url, r.text[:300])
+    assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]  # its own tab, never a frame
+    table = _progress(teacher)
+    cells = _cells(table)
+    assert {n: c for n, c in cells.items() if c} == EXPECTED, cells
+    # The class list comes from the hub: students with no result yet are rows too; no teacher.
+    assert set(cells) == {*GROUPS, *USERS} and table["roster_from_hub"]
+    assert {s["name"]: s["groups"] for s in table["students"]}["carol"] == ["section-a"]
+    assert sorted(table["groups"]) == ["section-a", "section-b"]
+    csv_text = teacher.session.get(f"{hub.url}/services/classroom/progress.csv?group=section-a", timeout=30).text
+    lines = csv_text.strip().splitlines()
+    assert lines[0].startswith("student,groups,course,notebook,exercise,status,attempts")
+    assert len(lines) == 1 + 3 and all(line.startswith("carol,section-a,") for line in lines[1:]), lines
+    assert "carol,section-a,bert-course,02_bert_course,2. logits -> probabilities,passed,2," in csv_text
+
+    # --- students do not see the class: 403 on the page, with a browser login or a token -----
+    r = _open_service(carol)
+    assert r.status_code == 403 and "teachers" in r.text, (r.status_code, r.text[:300])
+    r = carol.api("GET", "/services/classroom/api/progress")
+    assert r.status_code == 403, r.status_code
+
+    # --- the name comes from the hub, never from the body ------------------------------------
+    r = _post(carol.token, hub, [_record(WELCOME, False, student="dave", user="dave", name="dave")])
+    assert r.status_code == 200 and r.json()["student"] == "carol" and r.json()["stored"] == 1, r.text
+    cells = _cells(_progress(teacher))
+    assert cells["carol"][WELCOME] == ("passed", 2) and cells["dave"][WELCOME] == ("tried", 1)
+
+    # --- no valid token, or one without the service's scope: 403, nothing stored -------------
+    r = _post("0" * 32, hub, [_record(WELCOME, True)])
+    assert r.status_code == 403, r.status_code
+    hub_xsrf = next(c.value for c in carol.session.cookies if c.name == "_xsrf" and c.path.startswith("/hub"))
+    r = carol.session.post(f"{hub.url}/hub/api/users/carol/tokens", timeout=10, headers={"X-XSRFToken": hub_xsrf},
+                           json={"note": "no classroom scope", "scopes": ["read:users:name!user=carol"]})
+    assert r.status_code == 201, r.text
+    assert _post(r.json()["token"], hub, [_record(WELCOME, True)]).status_code == 403
+    r = http().post(f"{hub.url}/services/classroom/api/results", json={"results": "not a list"},
+                    headers={"Authorization": f"token {dave.token}"}, timeout=30)
+    assert r.status_code == 400 and "results" in r.json()["message"], r.text
+    # A result that is not one is refused by name, and the rest of the batch is kept.
+    r = _post(dave.token, hub, [_record(EX1, True), {**_record(EX1, True), "exercise": "<script>x"}])
+    assert r.status_code == 200 and r.json()["stored"] == 1, r.text
+    assert r.json()["refused"][0]["index"] == 1 and "exercise" in r.json()["refused"][0]["error"]
+    assert _cells(_progress(teacher)) == {**cells, "dave": {**cells["dave"], EX1: ("passed", 2)}}
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, _unavailable
+
+    if not CHROMIUM.exists():
+        _unavailable(f"{CHROMIUM} is missing: `apt-get install chromium`")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("playwright (Python) is not installed")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.mark.browser
+def test_the_teacher_page_in_a_browser(hub, class_results, chromium):
+    """The teacher logs in to the hub, opens the service in a tab of its own, and sees the
+    table the service holds; a group filter; a new result appears without a reload."""
+    from test_browser import ARTIFACTS, TIMEOUT_MS
+
+    people, _ = class_results
+    teacher, dave = people[TEACHER], people["dave"]
+    context = chromium.new_context(viewport={"width": 1300, "height": 700})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto(f"{hub.url}/hub/login", timeout=TIMEOUT_MS)
+        page.fill("#username_input", TEACHER)
+        page.fill("#password_input", PASSWORD)
+        page.click("#login_submit")
+        page.wait_for_url("**/hub/**", timeout=TIMEOUT_MS)
+        page.goto(f"{hub.url}/services/classroom/", timeout=TIMEOUT_MS)  # the hub's OAuth, then back
+        assert page.url.startswith(f"{hub.url}/services/classroom/"), page.url
+        cell = 'tr[data-student="{}"] td[data-exercise="{}"]'
+        page.wait_for_selector(cell.format("carol", EX2[2]) + '[data-status="passed"]', timeout=TIMEOUT_MS)
+
+        # The page shows exactly what the service holds (the API the first test checked).
+        table = _progress(teacher)
+        shown = {row.get_attribute("data-student"): {
+            td.get_attribute("data-exercise"): td.get_attribute("data-status")
+            for td in row.query_selector_all("td[data-exercise]")} for row in page.query_selector_all("tbody tr")}
+        held = {s["name"]: {e["exercise"]: s["cells"].get(e["key"], {}).get("status", "notyet")
+                            for e in table["exercises"]} for s in table["students"]}
+        assert shown == held
+        assert page.locator("thead th.notebook", has_text="bert-course · 02_bert_course").count() == 1
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "teacher_page.png"), full_page=True)
+
+        # Filter by group: only that group's students; the CSV link follows the filter.
+        page.select_option("#group", "section-b")
+        assert [r.get_attribute("data-student") for r in page.query_selector_all("tbody tr")] == ["dave"]
+        assert page.get_attribute("#csv", "href") == "progress.csv?group=section-b"
+        assert "group=section-b" in page.url
+
+        # Live: dave passes exercise 2 in his kernel; the open page shows it within seconds.
+        assert page.get_attribute(cell.format("dave", EX2[2]), "data-status") == "tried"
+        assert _post(dave.token, hub, [_record(EX2, True, at=_now())]).json()["stored"] == 1
+        page.wait_for_selector(cell.format("dave", EX2[2]) + '[data-status="passed"]', timeout=30_000)
+        assert not errors, errors
+    finally:
+        page.close()
+        context.close()
+
+
+def _now() -> str:
+    from workbench.classroom.record import now
+
+    return now()
+
+
+def test_thirty_posts_at_once_lose_nothing(hub, class_results):
+    """A whole class presses Shift+Enter at once: 30 posts, all on one row each for two students."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    people, _ = class_results
+    carol, dave, teacher = people["carol"], people["dave"], people[TEACHER]
+    burst = ("load-test", "concurrency", "same row")
+    before = _cells(_progress(teacher))
+    posts = [(s.token, [_record(burst, i % 3 == 0)]) for i in range(15) for s in (carol, dave)]
+    with ThreadPoolExecutor(len(posts)) as pool:
+        answers = list(pool.map(lambda p: _post(p[0], hub, p[1]), posts))
+    assert [a.status_code for a in answers] == [200] * 30, [a.text[:200] for a in answers if a.status_code != 200]
+    assert sum(a.json()["stored"] for a in answers) == 30
+    # The same 30 again (answers lost, kernels resend): counted once.
+    with ThreadPoolExecutor(len(posts)) as pool:
+        again = list(pool.map(lambda p: _post(p[0], hub, p[1]), posts))
+    assert sum(a.json()["duplicates"] for a in again) == 30
+    after = _cells(_progress(teacher))
+    assert after["carol"][burst] == ("passed", 15) and after["dave"][burst] == ("passed", 15)
+    assert {n: {k: v for k, v in c.items() if k != burst} for n, c in after.items()} == before

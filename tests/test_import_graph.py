@@ -10,6 +10,16 @@ follows the workbench modules each module reaches. The rules (``docs/architectur
   ML libraries): starting the lab stays fast and small.
 * ``tasks/`` never reaches ``engine/``: the engine asks, the task answers.
 * ``gpu/`` (the NVML layer) knows nothing of the engine, the tasks or the views.
+* ``evaluation/`` and ``shipping/`` never reach a view (the notebook bar is ``widgets/evaluation.py``,
+  attached by ``frontend.py``).
+* ``engine/`` reaches ``shipping/`` only through the card writer (``shipping/card.py``, which it calls
+  for every model folder it saves) and never reaches ``evaluation/``; ``tasks/`` reaches neither.
+* The card writer reaches no model library (transformers, datasets, peft, gguf, lm_eval): a card costs
+  no loading. (torch is reachable through ``engine/events.py``'s lazy TensorBoard writer, never called.)
+* ``classroom/`` (the class service, run next to JupyterHub) never reaches torch or the other
+  ML libraries, the tasks, sources, widgets or the server: the hub's machine has none of them.
+* The kernel side of the class service (``course/``, ``classroom/client.py`` and
+  ``record.py``) never reaches tornado or jupyterhub: a check cell stays standard library.
 * No circles between modules: what two modules both need lives in a third.
 
 Each rule is checked on the real package and, so that the check itself can fail, on a
@@ -26,6 +36,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 FRONT_END = ("ipywidgets", "IPython.display", "workbench.widgets")
 HEAVY = ("torch", "transformers", "datasets", "accelerate", "peft", "bitsandbytes")
+WEB_STACK = ("tornado", "jupyterhub")
 # Notebook-only helpers the engine may call into without following their display code.
 NOTEBOOK_HELPERS = ("workbench.notebook_regression.record",)
 
@@ -123,12 +134,23 @@ def rule_breaks(graph) -> dict[str, list]:
     pkg = next(iter(graph)).split(".")[0]
     p = lambda *names: tuple(f"{pkg}.{n}" for n in names)  # noqa: E731
     front_end = (*FRONT_END[:2], f"{pkg}.widgets")
+    card = f"{pkg}.shipping.card"
+    beyond_card = (*p("evaluation"), *(m for m in graph if _is(m, p("shipping")) and m not in (card, f"{pkg}.shipping")))
     return {
         "engine reaches a view or the server": violations(graph, p("engine"), (*front_end, *p("server"))),
         "server reaches the engine, tasks, sources or torch":
             violations(graph, p("server"), (*p("engine", "tasks", "sources"), *HEAVY)),
         "tasks reach the engine": violations(graph, p("tasks"), p("engine")),
         "gpu reaches the engine, tasks or views": violations(graph, p("gpu"), (*p("engine", "tasks"), *front_end)),
+        "evaluation or shipping reaches a view": violations(graph, p("evaluation", "shipping"), front_end),
+        "engine reaches evaluation or shipping beyond the card writer": violations(graph, p("engine"), beyond_card),
+        "tasks reach evaluation or shipping": violations(graph, p("tasks"), p("evaluation", "shipping")),
+        "the card writer reaches a model library": violations(graph, (card,), ("transformers", "datasets", "peft",
+                                                                                "gguf", "lm_eval")),
+        "classroom reaches torch, tasks, sources, widgets or the server":
+            violations(graph, p("classroom"), (*HEAVY, *front_end, *p("tasks", "sources", "server"))),
+        "the check cells reach tornado or jupyterhub":
+            violations(graph, p("course", "classroom.client", "classroom.record"), WEB_STACK),
         "import circles": circles(graph),
     }
 
@@ -174,6 +196,27 @@ BROKEN = {
     "tasks reach the engine": {"tasks/causal_lm.py": "from pkg.engine.checkpoint import write\n",
                                "engine/checkpoint.py": ""},
     "gpu reaches the engine, tasks or views": {"gpu/nvml.py": "import ipywidgets\n"},
+    "evaluation or shipping reaches a view": {
+        "evaluation/harness.py": "def run():\n    from pkg.evaluation import progress\n",
+        "evaluation/progress.py": "def bar():\n    from pkg.widgets import evaluation\n",
+        "widgets/evaluation.py": "",
+    },
+    "engine reaches evaluation or shipping beyond the card writer": {
+        "engine/checkpoint.py": "from pkg.shipping.card import write_card\n",
+        "shipping/card.py": "def write_card():\n    from pkg.shipping import gguf_export\n",
+        "shipping/gguf_export.py": "",
+    },
+    "tasks reach evaluation or shipping": {"tasks/causal_lm.py": "def finish():\n    from pkg.shipping import card\n",
+                                           "shipping/card.py": ""},
+    "the card writer reaches a model library": {"shipping/card.py": "def build():\n    import transformers\n"},
+    "classroom reaches torch, tasks, sources, widgets or the server": {
+        "classroom/store.py": "def rows():\n    from pkg.classroom import tables\n",
+        "classroom/tables.py": "import torch\n",
+    },
+    "the check cells reach tornado or jupyterhub": {
+        "course/checks.py": "from pkg.classroom import client\n",
+        "classroom/client.py": "def send():\n    from jupyterhub.services.auth import HubAuth\n",
+    },
     "import circles": {
         "server/guard.py": "from pkg.server import identity\n",
         "server/identity.py": "from pkg.server.origins import allowed\n",

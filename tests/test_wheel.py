@@ -128,7 +128,8 @@ def test_the_wheel_holds_every_module_notebook_and_data_file(installed):
     assert notebooks and notebooks <= names, sorted(notebooks - names)
     for data in ("workbench/notebook_regression/profiles.yaml",
                  "workbench/notebook_regression/baselines.yaml",
-                 "workbench/server/jupyter_config/jupyter_server_config.py", "workbench/py.typed"):  # fmt: skip
+                 "workbench/server/jupyter_config/jupyter_server_config.py", "workbench/py.typed",
+                 "workbench/classroom/static/teacher.html", "workbench/classroom/static/teacher.js"):  # fmt: skip
         assert data in names, data
 
 

@@ -42,6 +42,10 @@ _EXPORTS = {
     "estimate_vram": "workbench.sources.vram",
     "estimate_causal_vram": "workbench.sources.vram",
     "Playground": "workbench.widgets.playground",
+    "evaluate": "workbench.frontend",
+    "EvaluationError": "workbench.errors",
+    "export": "workbench.shipping.gguf_export",
+    "ExportError": "workbench.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]

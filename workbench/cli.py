@@ -1,4 +1,4 @@
-"""`workbench doctor | lab | train | watch | runs | sweep | regress`: a thin map onto library functions.
+"""`workbench doctor | lab | train | watch | runs | sweep | regress | classroom | evaluate | export`: a thin map onto library functions.
 
 Each subcommand lives in the module that does the work, which provides
 ``add_arguments(parser)`` and ``run_cli(args) -> int``. Only the chosen
@@ -23,6 +23,9 @@ SUBCOMMANDS = {
     "runs": ("workbench.engine.runs", "a table of every run under a folder (status, metrics, differing settings)"),
     "sweep": ("workbench.sweep.cli", "run a notebook once per combination of settings (here, or as a Slurm array)"),
     "regress": ("workbench.notebook_regression.cli", "run the notebooks headless and compare metrics with baselines"),
+    "classroom": ("workbench.classroom.cli", "the class service on a JupyterHub: serve, export, reset its results"),
+    "evaluate": ("workbench.evaluation.cli", "benchmark a run or model with lm-evaluation-harness (or a classifier on a labelled file)"),
+    "export": ("workbench.shipping.gguf_export", "export a run's model to GGUF (llama.cpp, Ollama) with its Modelfile and card"),
 }
 
 

@@ -92,3 +92,22 @@ class OutputDirLockedError(WorkbenchError):
         self.output_dir = output_dir
         self.holder = holder or {}
         super().__init__(message, fix)
+
+
+class ClassroomError(WorkbenchError):
+    """The class service (``workbench classroom``) cannot start or cannot use its database."""
+
+
+class EvaluationError(WorkbenchError):
+    """A model cannot be evaluated as asked: an unknown task, a dataset not cached offline, ..."""
+
+
+class ExportError(WorkbenchError):
+    """A model cannot be exported, or its export did not pass the round-trip check.
+
+    ``report``: the verification figures when the check failed (None otherwise).
+    """
+
+    def __init__(self, message: str, fix: str | None = None, *, report=None):
+        self.report = report
+        super().__init__(message, fix)

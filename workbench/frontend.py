@@ -1,5 +1,5 @@
-"""What people call in notebooks: ``fit``, ``fit_distributed``, ``watch``, ``runs`` and ``sweep``
-with the view chosen for where the call runs.
+"""What people call in notebooks: ``fit``, ``fit_distributed``, ``watch``, ``runs``, ``sweep`` and
+``evaluate`` with the view chosen for where the call runs.
 
 The engine (``workbench.engine.train``) and the log follower (``workbench.engine.watcher``) are
 headless and take any listener; this module picks one: in a kernel someone looks at,
@@ -130,3 +130,39 @@ def sweep(notebook: str | os.PathLike, grid, *, mode: str = "auto", **kwargs):
     display(browser)
     return runner.run_plan(plan, devices=kwargs.get("devices", "auto"), on_update=lambda _: browser.reload(),
                            log=kwargs.get("log", print))
+
+
+def evaluate(models, tasks=("heldout",), *, progress: str = "auto", listeners: Sequence[Callable[[dict], None]] = (),
+             **options):
+    """Benchmark ``models`` with lm-evaluation-harness (``workbench.evaluation.harness.evaluate``).
+
+    ``models``: a run folder (its final model; ``checkpoint="best"`` its best), a model folder, an
+    adapter folder, a hub id, ``(model, tokenizer)``, or ``{"base": ..., "tuned": ...}`` for one
+    table of several. ``tasks``: harness task names (``"arc_easy"``...), names of your own task
+    YAMLs with ``include_path=FOLDER``, or ``"heldout"`` (the run's own held-out split). Options:
+    ``limit``, ``num_fewshot``, ``apply_chat_template``, ``system_instruction``, ``batch_size``,
+    ``device``, ``dtype``, ``log_samples``, ``data`` (for heldout, or a labelled file to score a
+    classifier with ``text_columns``/``label_column``). Results go into each run's folder
+    (``evaluation/``), its model card and ``workbench runs``. ``progress``: "auto" (a bar in a
+    notebook, lines elsewhere), "notebook", "console" or "none".
+    """
+    from workbench.evaluation.harness import evaluate as run_evaluation
+    from workbench.evaluation.progress import ConsoleProgress
+
+    view = None
+    chosen = _choose_mode(progress)
+    if chosen == "notebook":
+        from workbench.widgets.evaluation import EvaluationProgress
+
+        view = EvaluationProgress()
+    elif chosen == "console":
+        view = ConsoleProgress()
+    try:
+        return run_evaluation(models, tasks, listeners=[*listeners, *([view] if view else [])], **options)
+    finally:
+        if view is not None:
+            view.close()
+
+
+def _choose_mode(mode: str) -> str:
+    return progress.choose_mode(mode)  # the module: ``evaluate``'s argument of the same name hides it there

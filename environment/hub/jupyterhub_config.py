@@ -2,14 +2,17 @@
 # per student. docs/classroom.md ("On one big GPU server") has the set-up commands:
 #
 #   pip install jupyterhub dockerspawner oauthenticator jupyterhub-idle-culler
+#   pip install --no-deps workbench-0.1.0-py3-none-any.whl   # the class service (no ML libraries)
 #   npm install -g configurable-http-proxy
 #   WORKBENCH_HUB_GPUS=0,1,2,3 jupyterhub -f environment/hub/jupyterhub_config.py
 #
 # Each student gets: the workbench image (the same as on Kubernetes; its entrypoint copies the
 # course notebooks into a new workspace and runs the hub-authenticated server), a Docker volume
 # for the workspace, the shared model cache read-only, a memory limit, and one GPU (or one MIG
-# slice) of the machine, the same one at every login. tests/test_cluster_manifests.py loads
-# this file and runs its spawn hook.
+# slice) of the machine, the same one at every login. The class service (workbench/classroom/)
+# runs next to the hub: the check cells report to it, teachers see who passed.
+# tests/test_cluster_manifests.py loads this file and runs its spawn hook; tests/test_classroom.py
+# checks its class service.
 #
 # Environment read here:
 #   WORKBENCH_HUB_IMAGE          the image (default workbench:latest; docker/build.sh builds it)
@@ -20,7 +23,9 @@
 #   WORKBENCH_HUB_CPU_LIMIT      CPUs per student (default 4)
 #   WORKBENCH_HUB_SHM_SIZE       /dev/shm per student (default 2g: DataLoader workers)
 #   WORKBENCH_HUB_HF_CACHE       host folder of the shared model cache (default /srv/workbench/hf-cache)
-#   WORKBENCH_HUB_STATE          folder for the hub's database and the GPU assignments (default /srv/jupyterhub)
+#   WORKBENCH_HUB_STATE          folder for the hub's database, the GPU assignments and the class's
+#                                results (default /srv/jupyterhub)
+#   WORKBENCH_HUB_CONNECT_IP     the hub's address on the Docker bridge (default 172.17.0.1)
 import json
 import os
 from pathlib import Path
@@ -28,6 +33,7 @@ from pathlib import Path
 c = get_config()  # noqa: F821 -- provided by traitlets when JupyterHub loads this file
 
 STATE = Path(os.environ.get("WORKBENCH_HUB_STATE", "/srv/jupyterhub"))
+HUB_CONNECT_IP = os.environ.get("WORKBENCH_HUB_CONNECT_IP", "172.17.0.1")
 GPUS = [g.strip() for g in os.environ.get("WORKBENCH_HUB_GPUS", "").split(",") if g.strip()]
 USERS_PER_GPU = int(os.environ.get("WORKBENCH_HUB_USERS_PER_GPU", "1"))
 ASSIGNMENTS = STATE / "gpu-assignments.json"
@@ -37,7 +43,7 @@ c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
 # The containers reach the hub on the Docker bridge, not on 127.0.0.1.
 c.JupyterHub.hub_ip = "0.0.0.0"
-c.JupyterHub.hub_connect_ip = os.environ.get("WORKBENCH_HUB_CONNECT_IP", "172.17.0.1")
+c.JupyterHub.hub_connect_ip = HUB_CONNECT_IP
 
 # CHANGE-ME: the school's login (oauthenticator: GitHub, Google, generic OIDC), or PAM for
 # accounts of this machine. The dummy authenticator below accepts any name with the password.
@@ -131,3 +137,14 @@ c.JupyterHub.load_roles = [{
     "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
     "services": ["idle-culler"],
 }]
+
+# The class service (docs/classroom.md, "The teacher's view"): results in classroom.sqlite
+# next to the hub's database, on the Docker bridge where the containers and the proxy reach it.
+# It adds its role, `access:services!service=classroom` to the `user` role and to the servers'
+# tokens (workbench/classroom/hub_config.py says why each scope), and the kernels' variable.
+from workbench.classroom.hub_config import configure as add_class_service  # noqa: E402
+
+c.JupyterHub.load_groups = {"teachers": {"users": ["teacher"]}}  # CHANGE-ME: the teachers' hub names
+CLASSROOM = f"http://{HUB_CONNECT_IP}:10101"
+c.DockerSpawner.environment.update(add_class_service(
+    c, url=CLASSROOM, kernel_url=f"{CLASSROOM}/services/classroom/", db=str(STATE / "classroom.sqlite")))

@@ -9,6 +9,12 @@ the answer passes (``model.zero_grad()`` as well as ``optimizer.zero_grad()``).
 
 A check prints its verdict and returns a ``CheckResult``; it never raises, so a
 student can read the hint, fix the cell and run the check again.
+
+Every verdict is also recorded (``workbench.classroom.client``): which exercise, passed or
+not, when; never the student's code, data or the hint. In a class on JupyterHub it reaches
+the teacher's page, and the student sees one more line, "recorded for your teacher";
+anywhere else it stays in a local file and nothing is sent. A teacher's own check cells
+get the same with :func:`verdict`.
 """
 
 from __future__ import annotations
@@ -18,8 +24,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.classroom import client as classroom
+from workbench.classroom.record import clean_name
+
 PASS_MARK = "✅"
 FAIL_MARK = "❌"
+# What the teacher's page groups the course's results under.
+COURSE = "bert-course"
+NOTEBOOK = "02_bert_course"
+EXERCISE_1 = "1. tokenized batch"
+EXERCISE_2 = "2. logits -> probabilities"
+EXERCISE_3 = "3. train_step"
 
 
 @dataclass
@@ -37,11 +52,37 @@ class CheckResult:
         return self.passed
 
 
-def _verdict(name: str, passed: bool, message: str, quiet: bool) -> CheckResult:
+def verdict(name: str, passed: bool, message: str, *, exercise: str | None = None,
+            notebook: str | None = None, course: str = "workbench", quiet: bool = False) -> CheckResult:
+    """Print a check's verdict and record it: the helper for a teacher's own check cells.
+
+    ``exercise`` (default ``name``) and ``notebook`` (default: the notebook this kernel runs,
+    from ``JPY_SESSION_NAME``) are the teacher's column; pick names that stay the same from
+    one class to the next. Example::
+
+        verdict("my exercise", answer == 42, "the answer is 42, try again",
+                notebook="week1", course="intro")
+    """
     result = CheckResult(name, passed, message)
     if not quiet:
         print(result)
+    line = classroom.report(clean_name(course), clean_name(notebook or _this_notebook()),
+                            clean_name(exercise or name), passed)
+    if line and not quiet:
+        print(line)
     return result
+
+
+def _this_notebook() -> str:
+    import os
+
+    session = os.environ.get("JPY_SESSION_NAME", "")  # the notebook's path, set by jupyter_server
+    return clean_name(os.path.splitext(os.path.basename(session))[0]) if session else "unnamed"
+
+
+def _verdict(exercise: str, name: str, passed: bool, message: str, quiet: bool) -> CheckResult:
+    return verdict(name, passed, message, exercise=exercise, notebook=NOTEBOOK, course=COURSE,
+                   quiet=quiet)
 
 
 # --- exercise 1: tokenization -------------------------------------------------
@@ -55,41 +96,41 @@ def check_tokenized_batch(encoded: Any, texts: list[str], tokenizer, max_length:
 
     name = "tokenized batch"
     if encoded is None:
-        return _verdict(name, False, "`encoded` is still None: call the tokenizer on `texts`.", quiet)
+        return _verdict(EXERCISE_1, name, False, "`encoded` is still None: call the tokenizer on `texts`.", quiet)
     try:
         input_ids = encoded["input_ids"]
         attention_mask = encoded["attention_mask"]
     except (KeyError, TypeError):
-        return _verdict(name, False, "`encoded` has no 'input_ids' and 'attention_mask': it should "
+        return _verdict(EXERCISE_1, name, False, "`encoded` has no 'input_ids' and 'attention_mask': it should "
                         "be what `tokenizer(texts, ...)` returns.", quiet)
     if not isinstance(input_ids, torch.Tensor):
         if isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list):
             lengths = {len(row) for row in input_ids}
             if len(lengths) > 1:
-                return _verdict(name, False, "the rows have different lengths, so they cannot be "
+                return _verdict(EXERCISE_1, name, False, "the rows have different lengths, so they cannot be "
                                 "stacked into one tensor: pass `padding=True`.", quiet)
-        return _verdict(name, False, "input_ids is a Python list, not a tensor: pass "
+        return _verdict(EXERCISE_1, name, False, "input_ids is a Python list, not a tensor: pass "
                         "`return_tensors=\"pt\"` so the model can take it.", quiet)
     if input_ids.dim() != 2 or input_ids.shape[0] != len(texts):
-        return _verdict(name, False, f"input_ids has shape {tuple(input_ids.shape)}; expected "
+        return _verdict(EXERCISE_1, name, False, f"input_ids has shape {tuple(input_ids.shape)}; expected "
                         f"({len(texts)}, sequence length): tokenize the whole list `texts` at once.",
                         quiet)
     if input_ids.shape[1] > max_length:
-        return _verdict(name, False, f"sequences are {input_ids.shape[1]} tokens long, more than "
+        return _verdict(EXERCISE_1, name, False, f"sequences are {input_ids.shape[1]} tokens long, more than "
                         f"max_length={max_length}: pass `truncation=True, max_length=max_length`.",
                         quiet)
     longest = max(len(tokenizer(t, truncation=True, max_length=max_length)["input_ids"])
                   for t in texts)
     if input_ids.shape[1] > longest:
-        return _verdict(name, False, f"every row is padded to {input_ids.shape[1]} tokens but the "
+        return _verdict(EXERCISE_1, name, False, f"every row is padded to {input_ids.shape[1]} tokens but the "
                         f"longest sentence needs only {longest}: use `padding=True` (pad to the "
                         "longest in the batch), not padding='max_length'. It is correct, just "
                         "slower.", quiet)
     pad_positions = input_ids == tokenizer.pad_token_id
     if bool((attention_mask[pad_positions] != 0).any()):
-        return _verdict(name, False, "the attention mask is 1 on padding tokens: keep the mask "
+        return _verdict(EXERCISE_1, name, False, "the attention mask is 1 on padding tokens: keep the mask "
                         "the tokenizer returns so the model ignores [PAD].", quiet)
-    return _verdict(name, True, f"{len(texts)} sentences -> a tensor of shape "
+    return _verdict(EXERCISE_1, name, True, f"{len(texts)} sentences -> a tensor of shape "
                     f"{tuple(input_ids.shape)}, padding masked out. Well done!", quiet)
 
 
@@ -103,7 +144,7 @@ def check_probabilities(to_probs: Callable | None, *, quiet: bool = False) -> Ch
 
     name = "logits -> probabilities"
     if to_probs is None:
-        return _verdict(name, False, "`logits_to_probs` is still None: define it as a function "
+        return _verdict(EXERCISE_2, name, False, "`logits_to_probs` is still None: define it as a function "
                         "of `logits`.", quiet)
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 3, generator=generator) * 3
@@ -111,26 +152,26 @@ def check_probabilities(to_probs: Callable | None, *, quiet: bool = False) -> Ch
     try:
         probs = to_probs(logits.clone())
     except Exception as error:  # a student's bug: report it, do not crash the check
-        return _verdict(name, False, f"your function raised {type(error).__name__}: {error}",
+        return _verdict(EXERCISE_2, name, False, f"your function raised {type(error).__name__}: {error}",
                         quiet)
     if not isinstance(probs, torch.Tensor) or probs.shape != logits.shape:
         shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
-        return _verdict(name, False, f"expected a tensor of shape {tuple(logits.shape)} (one "
+        return _verdict(EXERCISE_2, name, False, f"expected a tensor of shape {tuple(logits.shape)} (one "
                         f"probability per class), got {shape}.", quiet)
     probs = probs.detach().float()
     if torch.allclose(probs, expected, atol=1e-4):
-        return _verdict(name, True, "each row now sums to 1 and keeps the order of the logits.",
+        return _verdict(EXERCISE_2, name, True, "each row now sums to 1 and keeps the order of the logits.",
                         quiet)
     if torch.allclose(probs, torch.softmax(logits, dim=0), atol=1e-4):
-        return _verdict(name, False, "your softmax runs over the batch (dim=0): use dim=-1, so each "
+        return _verdict(EXERCISE_2, name, False, "your softmax runs over the batch (dim=0): use dim=-1, so each "
                         "example's class probabilities sum to 1.", quiet)
     if torch.allclose(probs, torch.sigmoid(logits), atol=1e-4):
-        return _verdict(name, False, "that is a sigmoid: it treats each class on its own. The "
+        return _verdict(EXERCISE_2, name, False, "that is a sigmoid: it treats each class on its own. The "
                         "classes exclude each other, so use torch.softmax(logits, dim=-1).", quiet)
     if not torch.allclose(probs.sum(dim=-1), torch.ones(len(logits)), atol=1e-3):
-        return _verdict(name, False, "the probabilities of an example do not sum to 1: apply a "
+        return _verdict(EXERCISE_2, name, False, "the probabilities of an example do not sum to 1: apply a "
                         "softmax over the last dimension.", quiet)
-    return _verdict(name, False, "the values sum to 1 but differ from a softmax of the logits: "
+    return _verdict(EXERCISE_2, name, False, "the values sum to 1 but differ from a softmax of the logits: "
                     "use torch.softmax(logits, dim=-1).", quiet)
 
 
@@ -235,7 +276,7 @@ def check_train_step(train_step: Callable | None, *, device="cpu", amp_dtype=Non
 
     name = "train_step"
     if train_step is None:
-        return _verdict(name, False, "`train_step` is still None: define the function in the "
+        return _verdict(EXERCISE_3, name, False, "`train_step` is still None: define the function in the "
                         "exercise cell.", quiet)
     device = torch.device(device)
     model, batch = _check_model(device)
@@ -264,64 +305,64 @@ def check_train_step(train_step: Callable | None, *, device="cpu", amp_dtype=Non
         try:
             returned = train_step(model, batch, optimizer, scaler)
         except Exception as error:  # a student's bug: explain it instead of crashing
-            return _verdict(name, False, _explain_exception(error, call), quiet)
+            return _verdict(EXERCISE_3, name, False, _explain_exception(error, call), quiet)
         backward_per_call.append(backward_calls[0] - calls_before)
         if isinstance(returned, torch.Tensor):
             if returned.numel() != 1:
-                return _verdict(name, False, "train_step returned a tensor with "
+                return _verdict(EXERCISE_3, name, False, "train_step returned a tensor with "
                                 f"{returned.numel()} values: return the loss, `loss.item()`.",
                                 quiet)
             returned = returned.item()
         if not isinstance(returned, (int, float)) or isinstance(returned, bool):
-            return _verdict(name, False, f"train_step returned {returned!r}: end it with "
+            return _verdict(EXERCISE_3, name, False, f"train_step returned {returned!r}: end it with "
                             "`return loss.item()` so the loop can log the loss.", quiet)
         if not math.isfinite(returned):
-            return _verdict(name, False, f"the loss became {returned}: check the learning rate "
+            return _verdict(EXERCISE_3, name, False, f"the loss became {returned}: check the learning rate "
                             "and that labels are in the batch.", quiet)
         losses.append(float(returned))
 
     moved = any(not torch.equal(p.detach(), b) for p, b in zip(params, before, strict=True))
     if not autocast_seen:
-        return _verdict(name, False, "the model was never called: compute "
+        return _verdict(EXERCISE_3, name, False, "the model was never called: compute "
                         "`outputs = model(**batch)` and take `outputs.loss`.", quiet)
     if sum(backward_per_call) == 0:
-        return _verdict(name, False, "gradients are None: did you call loss.backward() (with a "
+        return _verdict(EXERCISE_3, name, False, "gradients are None: did you call loss.backward() (with a "
                         "scaler: scaler.scale(loss).backward())? No gradient reached the model.",
                         quiet)
     if max(backward_per_call) > 1:
-        return _verdict(name, False, f"one call ran backward {max(backward_per_call)} times: call "
+        return _verdict(EXERCISE_3, name, False, f"one call ran backward {max(backward_per_call)} times: call "
                         "loss.backward() exactly once per step.", quiet)
     if not optimizer.step_grad_norms and not moved:
-        return _verdict(name, False, "your loss did not decrease and the weights never changed: "
+        return _verdict(EXERCISE_3, name, False, "your loss did not decrease and the weights never changed: "
                         "did you call optimizer.step() (with a scaler: scaler.step(optimizer))?",
                         quiet)
     norms = optimizer.step_grad_norms
     if norms and max(norms) == 0.0:
-        return _verdict(name, False, "the gradients were all zero when optimizer.step() ran: call "
+        return _verdict(EXERCISE_3, name, False, "the gradients were all zero when optimizer.step() ran: call "
                         "optimizer.zero_grad() at the START of the step, before loss.backward(), "
                         "not between backward() and step().", quiet)
     if use_scaler:
         missing = [call for call, count in scaler.calls.items() if count < steps]
         if missing:
-            return _verdict(name, False, "with fp16 the GradScaler must take part in every step: "
+            return _verdict(EXERCISE_3, name, False, "with fp16 the GradScaler must take part in every step: "
                             f"scaler.{missing[0]}(...) was not called each time. Use "
                             "scaler.scale(loss).backward(), scaler.step(optimizer), "
                             "scaler.update().", quiet)
     if optimizer.stale_ratios and max(optimizer.stale_ratios) > 0.5:
         growth = " -> ".join(f"{n:.2f}" for n in norms)
-        return _verdict(name, False, f"gradients keep growing from one step to the next ({growth}): "
+        return _verdict(EXERCISE_3, name, False, f"gradients keep growing from one step to the next ({growth}): "
                         "did you call optimizer.zero_grad()? Without it PyTorch adds each new "
                         "gradient to the old ones.", quiet)
     if amp_dtype is not None and not any(autocast_seen):
-        return _verdict(name, False, "the forward pass ran in full precision: wrap "
+        return _verdict(EXERCISE_3, name, False, "the forward pass ran in full precision: wrap "
                         "`outputs = model(**batch)` in `with torch.autocast(device_type="
                         f"device.type, dtype=amp_dtype):` ({amp_dtype} here).", quiet)
     if not losses[-1] < losses[0]:
-        return _verdict(name, False, f"your loss did not decrease ({losses[0]:.3f} -> "
+        return _verdict(EXERCISE_3, name, False, f"your loss did not decrease ({losses[0]:.3f} -> "
                         f"{losses[-1]:.3f}) on the same batch: did you call optimizer.step() "
                         "after loss.backward(), and return this step's loss?", quiet)
     trend = " -> ".join(f"{loss:.3f}" for loss in losses)
-    return _verdict(name, True, f"the loss goes down on a fixed batch ({trend}). "
+    return _verdict(EXERCISE_3, name, True, f"the loss goes down on a fixed batch ({trend}). "
                     "Your loop is ready to train.", quiet)
 
 

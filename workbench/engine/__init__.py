@@ -17,12 +17,14 @@ What only the loop uses sits beside it, one job a module:
     progress.py     headless views of the events: run history, console lines, the chart
     watcher.py      ``watch``: follow a run's events.jsonl from another process
     runs.py         ``runs``: every run under a folder as a table (``workbench runs DIR``)
+    benchmarks.py   the benchmark scores ``workbench.evaluate`` saved in a run folder, read back
     results.py      FitResult, and rebuilding it from a run folder
     runtime.py      the one answer to "am I in a Jupyter kernel?"
     train_cli.py    ``workbench train --config FILE``
 
 Imports: the engine asks a task (``workbench.tasks``) for everything task-specific and
-reads models and data through ``workbench.sources``. It never imports a view
+reads models and data through ``workbench.sources``; ``checkpoint.py`` writes each saved model
+folder's card through ``workbench.shipping.card``. It never imports a view
 (``workbench.widgets``, ipywidgets, IPython.display) or the server (``workbench.server``):
 views are listeners on its events (``workbench.frontend`` attaches them).
 """

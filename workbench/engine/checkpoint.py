@@ -43,6 +43,7 @@ import torch
 
 from workbench.engine.distributed import any_process
 from workbench.errors import CheckpointError
+from workbench.shipping.card import safe_write_card
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
@@ -475,8 +476,12 @@ def keep_task_weights(accelerator, task) -> None:
     accelerator.register_load_state_pre_hook(load_weights)
 
 
-def save_model(accelerator, task, model, tokenizer, directory: Path, extra: dict | None = None) -> Path:
-    """The task's final (or best) model, written atomically by the main process. Call on every process."""
+def save_model(accelerator, task, model, tokenizer, directory: Path, extra: dict | None = None, *,
+               run_dir: Path | None = None) -> Path:
+    """The task's final (or best) model, written atomically by the main process. Call on every process.
+
+    ``run_dir``: the run folder, whose record and events the model card (README.md) is written
+    from, inside the same atomic save."""
     acc = accelerator
     state_dict = acc.get_state_dict(model)  # every process: FSDP gathers the shards
     if acc.is_main_process:
@@ -485,10 +490,35 @@ def save_model(accelerator, task, model, tokenizer, directory: Path, extra: dict
                 task.save_model(acc.unwrap_model(model), tokenizer, tmp, state_dict)
             if extra:
                 (tmp / "best.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
+            if run_dir is not None:
+                safe_write_card(tmp, run_dir, kind=Path(directory).name, extra=extra, location=directory)
 
         write_dir_atomically(directory, write)
     acc.wait_for_everyone()
     return directory
+
+
+def carded_writer(run_dir: Path) -> Callable[[Path, Callable[[Path], None]], Path]:
+    """:func:`write_dir_atomically` that also writes the model card into the folder: what the
+    engine hands to ``task.finish`` (a merged model gets its card; the task knows nothing of it)."""
+    def write_dir(final: Path, write: Callable[[Path], None]) -> Path:
+        def write_with_card(tmp: Path) -> None:
+            write(tmp)
+            safe_write_card(tmp, run_dir, kind=Path(final).name, location=final)
+
+        return write_dir_atomically(final, write_with_card)
+
+    return write_dir
+
+
+def write_run_record(output_dir: str | os.PathLike, record: dict[str, Any]) -> Path:
+    """The run record at the top of the run folder (``run.json``), replaced atomically at each start:
+    what the model card, ``workbench.evaluate`` and ``workbench export`` read about the run."""
+    path = Path(output_dir) / RUN_RECORD
+    tmp = path.with_name(f".{RUN_RECORD}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
 
 
 @contextlib.contextmanager

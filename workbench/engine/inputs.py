@@ -96,6 +96,35 @@ def resolve_data(data, text_columns, label_column, task: str = "classification")
     return data, columns, label_column or "label"
 
 
+def describe_data(data) -> dict[str, Any]:
+    """What the run trained on, for its record (``run.json``): enough for the model card to name
+    the data and for ``workbench.evaluate`` to load the held-out split again.
+
+    A path or a DatasetChoice is recorded as the DatasetChoice it becomes (local paths made
+    absolute, so the record works from another folder); a DatasetDict by its name, when the
+    datasets library kept one, and its split sizes. {} when nothing can be said.
+    """
+    try:
+        if isinstance(data, (str, os.PathLike)):
+            from workbench.sources.data import resolve_data_source
+
+            data = DatasetChoice(source=resolve_data_source(data), path=str(data))
+        if isinstance(data, DatasetChoice):
+            facts = dataclasses.asdict(data)
+            if data.source == "files":
+                facts["path"] = str(Path(data.path).expanduser().resolve())
+            facts["text_columns"] = list(facts["text_columns"])
+            return facts
+        if hasattr(data, "keys"):
+            info = getattr(next(iter(data.values()), None), "info", None)
+            return {"source": "memory", "name": getattr(info, "dataset_name", None) or getattr(info, "builder_name", None),
+                    "config_name": getattr(info, "config_name", None),
+                    "splits": {name: len(split) for name, split in data.items()}}
+    except Exception:  # noqa: BLE001 - a description for the record; the data itself was already checked
+        return {}
+    return {}
+
+
 def _resolve_own_columns(data, text_columns, label_column, task: str):
     for name, value in (("text_columns", text_columns), ("label_column", label_column)):
         if value:

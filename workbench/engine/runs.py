@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import default_best_metric
+from workbench.engine.benchmarks import benchmark_columns
 from workbench.engine.events import EVENTS_FILE, read_events
 from workbench.engine.progress import RunHistory, format_bytes, format_duration, is_number
 from workbench.engine.run_lock import LOCK_FILE, read_holder
@@ -37,7 +38,7 @@ STATUSES = ("running", "completed", "interrupted", "failed", "broken")
 CHECKPOINTS = "checkpoints"  # = checkpoint.CHECKPOINTS (that module imports torch)
 RUN_RECORD = "run.json"
 # A run's own sub-folders: never searched for more runs.
-_RUN_PARTS = {CHECKPOINTS, "model", "best", "model_merged", "tensorboard"}
+_RUN_PARTS = {CHECKPOINTS, "model", "best", "model_merged", "tensorboard", "evaluation"}
 # Settings that differ between any two runs and say nothing about the training.
 _NOT_SETTINGS = {"output_dir", "resume"}
 
@@ -63,6 +64,7 @@ class Run:
     peak_gpu_mem_bytes: int | None = None  # where recorded (CUDA runs)
     settings: dict[str, Any] = field(default_factory=dict)  # the TrainConfig of the last start
     problem: str | None = None  # why the folder is broken, or what is odd about it
+    benchmarks: dict[str, float] = field(default_factory=dict)  # "arc_easy/acc": the newest score (evaluation/)
 
     def history(self) -> RunHistory:
         """The run's curves (train loss, evals), read now: call again for a running run's new points."""
@@ -94,7 +96,17 @@ def read_run(path: str | os.PathLike, name: str | None = None) -> Run:
         run.status = "running"
         if lock_note:
             run.problem = lock_note
+    run.benchmarks = read_benchmarks(path)
     return run
+
+
+def read_benchmarks(path: Path) -> dict[str, float]:
+    """The run's benchmark columns (``workbench.evaluate`` saves them in ``evaluation/``); {} when none
+    or unreadable: a results file never breaks the table."""
+    try:
+        return benchmark_columns(path)
+    except Exception:  # noqa: BLE001 - as for the rest of a row: the table must always come back
+        return {}
 
 
 def _read_log(run: Run, data: bytes) -> None:
@@ -361,14 +373,17 @@ class RunsTable:
                                         for r in shown}) > 1]
 
     def rows(self, runs: Iterable[Run] | None = None) -> list[dict[str, Any]]:
-        """One dict per run: the fixed columns, the final eval metrics, then the differing settings."""
+        """One dict per run: the fixed columns, the final eval metrics, the benchmark scores
+        (``arc_easy/acc``...), then the differing settings."""
         chosen = list(self.runs if runs is None else runs)
         settings = self.differing_settings(chosen)
         metric_names = sorted({k for r in chosen for k in r.metrics})
+        benchmark_names = sorted({k for r in chosen for k in r.benchmarks})
         rows = []
         for run in chosen:
             row = {name: getattr(run, name) for name in COLUMNS}
             row.update({name: run.metrics.get(name) for name in metric_names})
+            row.update({name: run.benchmarks.get(name) for name in benchmark_names})
             row.update({name: _cell(run.settings.get(name)) for name in settings})
             rows.append(row)
         return rows

@@ -102,6 +102,7 @@ def fit(
     model_choice = model if isinstance(model, ModelChoice) else ModelChoice(str(model))
     model_checks.check_model_source(model_choice.name_or_path)
     splits, columns, label = inputs.resolve_data(data, text_columns, label_column, config.task)
+    data_facts = inputs.describe_data(data)  # for the run record: the model card names the data
     task = make_task(config, columns, label)
     task.check_data(splits)
     task.check_model(model_choice)  # settings that depend on the model's layers (LoRA targets)
@@ -112,7 +113,7 @@ def fit(
     try:
         resume_from = checkpoint.resolve_resume(config.output_dir, config.resume)
         with stop_on_signals() as stop:
-            run = _prepare(model_choice, splits, task, config, precision, stop, listeners)
+            run = _prepare(model_choice, splits, task, config, precision, stop, listeners, data_facts)
             if lock is not None and lock.note:
                 run.notes.insert(0, (lock.note, "warn"))
             history: list[dict] = []
@@ -146,6 +147,8 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
                   config=asdict(config), world_size=acc.num_processes, precision=run.precision,
                   device=str(acc.device), resumed_from_step=run.state.step,
                   label_names=run.task.identity().get("labels", []))
+    if acc.is_main_process:  # what the model card, an evaluation and an export read about the run
+        checkpoint.write_run_record(run.output_dir, run.record)
     for text, level in messages:
         _message(run, text, level)
     try:
@@ -171,7 +174,7 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
         model_dir = _save_model(run, run.output_dir / MODEL_DIR)
         if acc.is_main_process:
             with checkpoint.no_hf_progress_bars():
-                finished = run.task.finish(model_dir, checkpoint.write_dir_atomically)
+                finished = run.task.finish(model_dir, checkpoint.carded_writer(run.output_dir))
             for text, level in finished:
                 _message(run, text, level)
         run.log.write("end", status="completed", step=run.state.step, metrics=run.state.metrics)
@@ -417,7 +420,8 @@ def _save_checkpoint(run: _Run) -> Path:
 
 
 def _save_model(run: _Run, directory: Path, extra: dict | None = None) -> Path:
-    return checkpoint.save_model(run.accelerator, run.task, run.model, run.tokenizer, directory, extra)
+    return checkpoint.save_model(run.accelerator, run.task, run.model, run.tokenizer, directory, extra,
+                                 run_dir=run.output_dir)
 
 
 def _resume(run: _Run, path: Path) -> list[tuple[str, str]]:
@@ -440,7 +444,7 @@ def _result(run: _Run, status: str, model_dir: Path | None, history: list[dict])
 
 # ------------------------------------------------------------------------- set-up
 def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: str,
-             stop: StopRequest, listeners: Sequence[Callable]) -> _Run:
+             stop: StopRequest, listeners: Sequence[Callable], data_facts: dict | None = None) -> _Run:
     from accelerate.utils import set_seed
 
     accelerator = distributed.make_accelerator(config, precision)
@@ -478,7 +482,7 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: s
                                    world_size=accelerator.num_processes,
                                    extra={"model": model_choice.name_or_path,
                                           "model_content": gguf.content_identity(model_choice.name_or_path),
-                                          **task.identity()})
+                                          "data": data_facts or {}, **task.identity()})
     return _Run(config=config, task=task, accelerator=accelerator, model=model, optimizer=optimizer,
                 scheduler=scheduler, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
                 tokenizer=tokenizer, log=log, record=record, precision=precision, total_steps=total_steps,

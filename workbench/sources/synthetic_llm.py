@@ -53,3 +53,40 @@ def make_chat_dataset(n_train: int = 200, n_eval: int = 40, fmt: str = "messages
         "train": Dataset.from_list(make_chat_rows(n_train, seed, fmt)),
         "validation": Dataset.from_list(make_chat_rows(n_eval, seed + 1, fmt)),
     })
+
+
+MULTIPLE_CHOICE_TASK = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def write_color_task(folder, n: int, name: str = "colors_mc", seed: int = 0):
+    """A local lm-evaluation-harness task in ``folder`` (``<name>.yaml`` + ``<name>.jsonl``): ``n`` questions
+    "whose kite is which color", each with the 10 colors as choices. Offline, for tests and benchmarks of
+    ``workbench.evaluate``; returns the task's name (pass ``include_path=folder``)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    with (folder / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+        for _ in range(n):
+            owner, color = rng.choice(OWNERS), rng.choice(COLORS)
+            question = f"{owner}'s kite is {color}. {rng.choice(FILLER)} What color is {owner}'s kite?"
+            f.write(json.dumps({"question": question, "choices": COLORS, "answer": COLORS.index(color)}) + "\n")
+    (folder / f"{name}.yaml").write_text(MULTIPLE_CHOICE_TASK.format(name=name, data=folder / f"{name}.jsonl"),
+                                         encoding="utf-8")
+    return name

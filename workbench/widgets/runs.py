@@ -164,7 +164,8 @@ def _html_table(rows: list[dict], settings: list[str]) -> str:
     if not rows:
         return "<i>no runs match</i>"
     metrics = [c for c in rows[0] if c.startswith("eval_")]
-    columns = [*_SHOWN, *metrics, *settings]
+    benchmarks = [c for c in rows[0] if "/" in c]  # "arc_easy/acc": workbench.evaluate's scores
+    columns = [*_SHOWN, *metrics, *benchmarks, *settings]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = []
     for row in rows:
