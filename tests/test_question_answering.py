@@ -218,6 +218,9 @@ def test_the_saved_pipeline_reads_the_model_without_the_workbench(tiny_span_bert
                  num_workers=0, max_steps=1, batch_size=8, max_length=64, doc_stride=16)
     config = json.loads((result.model_dir / "config.json").read_text())
     assert config["custom_pipelines"]["question-answering"]["impl"] == "qa_pipeline.ExtractiveQuestionAnsweringPipeline"
+    card = (result.model_dir / "README.md").read_text()  # the model card says how to load it
+    assert "pipeline_tag: question-answering" in card and "trust_remote_code=True" in card
+    assert "64 tokens, 16 shared by consecutive windows" in card
     proc = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_WORKBENCH, str(result.model_dir)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -65,6 +65,9 @@ def test_the_picker_recognises_conll_files_and_its_export_trains(tiny_span_bert,
     labels = json.loads((tmp_path / "run" / "model" / "labels.json").read_text())
     assert labels["scheme"] == "IOB2" and labels["subword_labels"] == "all"
     assert "entity errors" in entity_errors_html(tmp_path / "run" / "model")  # an untrained model errs
+    card = (tmp_path / "run" / "model" / "README.md").read_text()
+    assert "pipeline_tag: token-classification" in card and 'aggregation_strategy="simple"' in card
+    assert "| tag scheme | IOB2 |" in card and "every sub-word of a word" in card
 
 
 def test_the_picker_recognises_squad_files(tiny_span_bert, qa_folder):
