@@ -94,10 +94,10 @@ def ner_folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def qa_folder(tmp_path_factory) -> Path:
-    """train-v1.1.json (24 contexts, 72 questions) and dev-v1.1.json (6 contexts): SQuAD's names."""
+    """train-v1.1.json (24 biographies, 144 questions) and dev-v1.1.json (6, 36): SQuAD's file names."""
     from workbench.sources.synthetic_spans import make_squad_articles, write_squad
 
     folder = tmp_path_factory.mktemp("qa")
-    write_squad(folder / "train-v1.1.json", make_squad_articles(24, 0, people_per_context=2))
-    write_squad(folder / "dev-v1.1.json", make_squad_articles(6, 1, people_per_context=2))
+    write_squad(folder / "train-v1.1.json", make_squad_articles(24, 0, questions_per_context=6))
+    write_squad(folder / "dev-v1.1.json", make_squad_articles(6, 1, questions_per_context=6))
     return folder
