@@ -163,7 +163,7 @@ def test_a_question_that_leaves_no_room_for_the_context(tiny_span_bert, tmp_path
 
 
 # ---------------------------------------------------------------------- training
-@pytest.mark.slow  # ~35 s on two idle cores (36 MiniLM steps of 8 windows of 48 tokens)
+@pytest.mark.slow  # 36 s on two quiet cores (72 MiniLM steps of 8 windows), several times that on busy ones
 def test_minilm_learns_to_answer_and_reloads_with_the_pipeline(minilm, qa_folder, tmp_path):
     out = tmp_path / "run"
     result = fit(str(minilm), str(qa_folder), output_dir=str(out), progress="none", num_workers=0,

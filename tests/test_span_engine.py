@@ -104,7 +104,6 @@ def test_the_divergence_guard_knows_each_task_s_chance_level(tiny_span_bert, ner
     assert 20 < qa.num_classes() <= 64
 
 
-@pytest.mark.slow  # ~60 s on two busy cores: two gloo processes and their start-up
 def test_two_torchrun_processes_evaluate_every_question_once(tiny_span_bert, qa_folder, tmp_path):
     out = tmp_path / "run"
     spec = RunSpec(model=ModelChoice(str(tiny_span_bert)), data=DatasetChoice(source="files", path=str(qa_folder)),

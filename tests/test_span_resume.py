@@ -82,7 +82,7 @@ def _events(out: Path, kind: str) -> list[dict]:
     return [e for e in map(json.loads, lines) if e["kind"] == kind]
 
 
-@pytest.mark.slow  # ~35 s per task on two busy cores: three runs of a tiny BERT, each a new process
+@pytest.mark.slow  # 25-30 s per task on two quiet cores: three runs of a tiny BERT, each a new process
 @pytest.mark.parametrize("task", ["token_classification", "question_answering"])
 def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(task, span_data, tiny_span_bert, tmp_path):
     reference = tmp_path / "uninterrupted"

@@ -122,7 +122,6 @@ def test_integer_tags_need_names(tiny_span_bert, tmp_path):
 
 
 # ---------------------------------------------------------------------- training
-@pytest.mark.slow  # ~40 s on two idle cores, ~140 s on busy ones
 def test_minilm_learns_entities_and_reloads_with_the_pipeline(minilm, ner_folder, tmp_path):
     """task picked from the CoNLL files; 18 steps of MiniLM learn the generated entities."""
     out = tmp_path / "run"
