@@ -66,6 +66,7 @@ def sentiment_data():
 
 # Causal-LM fixtures (smollm2_dir, tiny_llama_dir) live in their own module.
 from llm_fixtures import smollm2_dir, tiny_llama_dir, tiny_lora_run, trained_tiny_llama  # noqa: E402, F401
+from span_fixtures import minilm, ner_folder, qa_folder, tiny_span_bert  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,7 +13,7 @@ from workbench.errors import ConfigError
         ("precision", "fp8", "auto | fp32 | fp16 | bf16"),
         ("scheduler", "step", "linear | cosine | constant"),
         ("learning_rate", -1.0, "a positive float"),
-        ("best_metric", "bleu", "accuracy | f1 | loss (for task classification)"),
+        ("best_metric", "bleu", "(for task auto)"),
         ("warmup_ratio", 1.5, "[0, 1)"),
         ("num_workers", -1, "non-negative"),
         ("eval_before_training", "yes", "true or false"),

@@ -423,6 +423,29 @@ def test_chat_data_placeholder_writes_chats_a_causal_lm_trains_on(tmp_path):
     assert task.format == "messages"
 
 
+def test_span_placeholders_write_conll_and_squad_files_read_in_two_windows(tmp_path):
+    """{ner_data}, {qa_data} (notebook 08's ci data): what the tasks check, and at the profile's
+    qa_max_length every question is read in two windows, which is what the notebook shows."""
+    from transformers import AutoTokenizer
+
+    from workbench.config import DatasetChoice, TrainConfig
+    from workbench.notebook_regression.placeholders import NER_DATA_SENTENCES, QA_DATA_CONTEXTS
+    from workbench.sources.data import load_splits
+    from workbench.tasks import make_task
+
+    values = prepare_placeholders({"ner_data", "qa_data", "minilm"}, tmp_path)
+    ner = load_splits(DatasetChoice(source="files", path=values["ner_data"]))
+    assert {k: len(v) for k, v in ner.items()} == NER_DATA_SENTENCES
+    make_task(TrainConfig(task="token_classification"), (), None).check_data(ner)
+    qa = load_splits(DatasetChoice(source="files", path=values["qa_data"]))
+    assert {k: len(v) for k, v in qa.items()} == {k: 6 * n for k, n in QA_DATA_CONTEXTS.items()}
+    task = make_task(TrainConfig(task="question_answering"), (), None)
+    task.check_data(qa)
+    profile = load_profiles(bundled.profiles_file())["ci"].notebooks["08_ner_and_qa.ipynb"]
+    windows, _ = task.datasets(qa, AutoTokenizer.from_pretrained(values["minilm"]), profile["qa_max_length"])
+    assert len(windows) == 2 * len(qa["train"])
+
+
 def test_smollm2_placeholder_reuses_the_tests_conversion(smollm2_dir, tmp_path, monkeypatch):
     import workbench.sources.gguf
 

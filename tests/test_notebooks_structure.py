@@ -31,6 +31,12 @@ EVALUATE_PARAMETERS = {
     **LLM_PARAMETERS, "run_dir": "outputs/05_llm_lora", "tasks": ["arc_easy"],
     "include_path": None, "limit": None, "num_fewshot": 0, "apply_chat_template": False, "gguf_type": "q8_0",
 }
+# The NER/QA notebook: two encoders, two datasets, each with its own recipe (run_ner.py / run_qa.py's).
+SPAN_PARAMETERS = {
+    "model_name": "bert-base-cased", "ner_dataset": "eriktks/conll2003", "ner_data_files": None,
+    "qa_dataset": "rajpurkar/squad", "qa_data_files": None, "max_train_rows": None, "max_eval_rows": None,
+    "ner_num_epochs": 3, "qa_num_epochs": 2, "qa_max_length": 384, "doc_stride": 128, "precision": "auto",
+}
 
 
 def _load(path: Path) -> dict:
@@ -48,8 +54,8 @@ def _parameters(nb: dict) -> dict:
     return values
 
 
-def test_all_eight_notebooks_are_there():
-    assert [p.stem[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04", "05", "06", "07"]
+def test_all_nine_notebooks_are_there():
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04", "05", "06", "07", "08"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -68,6 +74,8 @@ def test_notebook_is_a_clean_document(path):
         assert params["max_train_rows"] and params["max_eval_rows"] and params["max_steps"] <= 500
     elif path.stem == "07_evaluate_and_ship":
         assert {k: params[k] for k in EVALUATE_PARAMETERS} == EVALUATE_PARAMETERS
+    elif path.stem == "08_ner_and_qa":
+        assert {k: params[k] for k in SPAN_PARAMETERS} == SPAN_PARAMETERS
     elif path.stem != "00_environment_check":
         assert {k: params[k] for k in TRAINING_PARAMETERS} == TRAINING_PARAMETERS
     assert "workbench.record(" in "".join("".join(c["source"]) for c in nb["cells"])

@@ -19,14 +19,35 @@ from workbench.errors import ConfigError, ConfigFileError
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 SCHEDULERS = ("linear", "cosine", "constant")
-METRICS = ("accuracy", "f1", "loss", "exact_match")
+METRICS = ("accuracy", "f1", "loss", "exact_match", "precision", "recall")
 DISTRIBUTED = ("ddp", "fsdp")
-TASKS = ("classification", "causal_lm")
+# auto: the task the data's columns say (engine/inputs.py, resolve_task): question/context/answers
+# -> question_answering, tokens + tags -> token_classification, chats -> causal_lm, else classification
+TASKS = ("auto", "classification", "causal_lm", "token_classification", "question_answering")
 # causal_lm settings (their meaning: workbench.tasks.causal_lm and causal_lm_data)
 FINETUNE = ("lora", "qlora", "full")
 LOSS_ON = ("completion", "all")
 DATA_FORMATS = ("auto", "messages", "prompt_completion", "text")
-TASK_METRICS = {"classification": ("accuracy", "f1", "loss"), "causal_lm": ("loss", "exact_match")}
+# token_classification: entity-level (seqeval) precision/recall/F1, word accuracy; question_answering:
+# SQuAD exact match and F1 of the post-processed answers
+SUBWORD_LABELS = ("first", "all")
+TASK_METRICS = {"classification": ("accuracy", "f1", "loss"), "causal_lm": ("loss", "exact_match"),
+                "token_classification": ("f1", "precision", "recall", "accuracy", "loss"),
+                "question_answering": ("f1", "exact_match", "loss")}
+# The metric that picks the best model when best_metric is None (entity F1 for NER, as seqeval reports it).
+DEFAULT_BEST_METRIC = {"classification": "accuracy", "causal_lm": "loss", "token_classification": "f1",
+                       "question_answering": "f1"}
+
+
+def window_stride(doc_stride: int | None, max_length: int) -> int:
+    """Context tokens two question-answering windows share: ``doc_stride``, or a third of
+    ``max_length`` up to 128 (run_qa.py's 128 for 384 tokens)."""
+    return doc_stride if doc_stride is not None else max(1, min(128, max_length // 3))
+
+
+def default_best_metric(task: str | None) -> str:
+    """The metric that picks the best model of ``task`` when ``best_metric`` is not set."""
+    return DEFAULT_BEST_METRIC.get(task or "classification", "accuracy")
 
 
 def _check_positive(name: str, value: Any, *, allow_zero: bool = False, kind=int) -> None:
@@ -128,12 +149,14 @@ class TrainConfig:
     """How to fine-tune. Defaults follow the BERT paper's fine-tuning recipe.
 
     ``task`` picks what is trained: ``classification`` (a sequence classifier on text
-    and label columns) or ``causal_lm`` (a language model on chats, prompt/completion
+    and label columns), ``causal_lm`` (a language model on chats, prompt/completion
     pairs or plain text, fully or with LoRA/QLoRA adapters; the fields after
-    ``max_skipped_steps`` apply to it only).
+    ``max_skipped_steps`` apply to it only), ``token_classification`` (a tag per word:
+    named entities) or ``question_answering`` (extractive: a span of the context); the
+    fields of each are grouped below. ``auto`` (the default) picks one from the data's columns.
     """
 
-    task: str = "classification"  # classification | causal_lm
+    task: str = "auto"  # auto | classification | causal_lm | token_classification | question_answering
     output_dir: str = "outputs/run"  # checkpoints, event log, final model
     learning_rate: float | None = None  # None: 2e-5 (BERT recipe, full fine-tuning), 2e-4 for LoRA/QLoRA
     num_epochs: float = 3.0
@@ -152,7 +175,7 @@ class TrainConfig:
     save_every: int | None = None  # optimizer steps; None = at the end of each epoch
     log_every: int = 10  # optimizer steps between event-log lines
     keep_checkpoints: int = 2  # newest K step checkpoints are kept (plus the best)
-    best_metric: str | None = None  # accuracy | f1 | loss | exact_match; None: accuracy, or loss for causal_lm
+    best_metric: str | None = None  # TASK_METRICS[task]; None: accuracy, loss (causal_lm), f1 (NER: entities; QA)
     seed: int = 42
     resume: str | None = "auto"  # "auto": newest valid checkpoint in output_dir; a path; None
     num_workers: int | None = None  # DataLoader workers; None: 2 on CUDA, 0 (main process) on CPU
@@ -177,6 +200,20 @@ class TrainConfig:
     eval_generate: int = 0  # eval rows answered greedily for eval_exact_match; 0: off (it is slow)
     eval_max_new_tokens: int = 64
     merge_adapter: bool = False  # also write model_merged/ (base + adapter, a plain model) at the end
+
+    # task: token_classification only (workbench.tasks.token_classification)
+    tokens_column: str | None = None  # a list of words per row; None: "tokens" or "words"
+    tags_column: str | None = None  # a tag per word; None: "ner_tags", "tags", "labels" or "ner"
+    subword_labels: str = "all"  # all: every sub-word carries its word's tag (B- once) | first: the rest get none
+
+    # task: question_answering only (workbench.tasks.question_answering)
+    question_column: str = "question"
+    context_column: str = "context"
+    answers_column: str = "answers"  # {"text": [...], "answer_start": [...]}; empty lists: unanswerable
+    doc_stride: int | None = None  # context tokens two windows share; None: max_length // 3, at most 128
+    max_answer_length: int = 30  # tokens: a longer span is never the answer
+    n_best: int = 20  # start and end candidates per window that post-processing pairs up
+    null_score_threshold: float = 0.0  # unanswerable data: "no answer" when its score beats the best span by more
 
     def __post_init__(self) -> None:
         if self.learning_rate is not None:
@@ -205,9 +242,9 @@ class TrainConfig:
         _check_positive("keep_checkpoints", self.keep_checkpoints)
         if self.task not in TASKS:
             raise ConfigError("task", self.task, " | ".join(TASKS))
-        if self.best_metric is not None and self.best_metric not in TASK_METRICS[self.task]:
-            raise ConfigError("best_metric", self.best_metric,
-                              " | ".join(TASK_METRICS[self.task]) + f" (for task {self.task})")
+        allowed = TASK_METRICS.get(self.task) or tuple(dict.fromkeys(m for ms in TASK_METRICS.values() for m in ms))
+        if self.best_metric is not None and self.best_metric not in allowed:
+            raise ConfigError("best_metric", self.best_metric, " | ".join(allowed) + f" (for task {self.task})")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError("seed", self.seed, "an integer")
         if self.resume is not None and not isinstance(self.resume, str):
@@ -218,6 +255,7 @@ class TrainConfig:
             raise ConfigError("distributed", self.distributed, " | ".join(DISTRIBUTED))
         _check_positive("max_skipped_steps", self.max_skipped_steps)
         self._check_causal_lm()
+        self._check_spans()
 
     @property
     def lr(self) -> float:
@@ -230,7 +268,34 @@ class TrainConfig:
     @property
     def selection_metric(self) -> str:
         """The eval metric that picks the best model: ``best_metric``, or the task's default."""
-        return self.best_metric or ("loss" if self.task == "causal_lm" else "accuracy")
+        return self.best_metric or default_best_metric(self.task)
+
+    @property
+    def window_stride(self) -> int:
+        """``doc_stride``, or for None run_qa.py's 128 of 384: a third of max_length, at most 128."""
+        return window_stride(self.doc_stride, self.max_length)
+
+    def _check_spans(self) -> None:
+        """The token_classification and question_answering fields."""
+        for name in ("tokens_column", "tags_column"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(name, value, "a column name, or None to find it")
+        if self.subword_labels not in SUBWORD_LABELS:
+            raise ConfigError("subword_labels", self.subword_labels, " | ".join(SUBWORD_LABELS))
+        for name in ("question_column", "context_column", "answers_column"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(name, getattr(self, name), "a column name")
+        for name in ("max_answer_length", "n_best"):
+            _check_positive(name, getattr(self, name))
+        if self.doc_stride is not None:
+            _check_positive("doc_stride", self.doc_stride)
+        if self.task == "question_answering" and self.window_stride >= self.max_length:
+            raise ConfigError("doc_stride", self.doc_stride, f"fewer tokens than max_length ({self.max_length})",
+                              fix="windows overlap by doc_stride tokens and advance by the rest: use about "
+                                  "max_length / 3 (128 for max_length 384).")
+        if isinstance(self.null_score_threshold, bool) or not isinstance(self.null_score_threshold, (int, float)):
+            raise ConfigError("null_score_threshold", self.null_score_threshold, "a number (0.0: no bias)")
 
     def _check_causal_lm(self) -> None:
         if self.finetune not in FINETUNE:
@@ -238,7 +303,7 @@ class TrainConfig:
         for name in ("lora_r", "lora_alpha", "eval_max_new_tokens"):
             _check_positive(name, getattr(self, name))
         _check_positive("eval_generate", self.eval_generate, allow_zero=True)
-        if self.best_metric == "exact_match" and not self.eval_generate:
+        if self.task == "causal_lm" and self.best_metric == "exact_match" and not self.eval_generate:
             raise ConfigError("best_metric", self.best_metric, "loss, or exact_match with eval_generate > 0",
                               fix="set eval_generate to the number of eval rows to answer, or "
                                   "best_metric='loss'.")

@@ -275,7 +275,8 @@ def compare_records(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 # What makes a run the same run (written by the task into the run record): resuming another
 # run's checkpoint would continue its weights on other data, or fail deep in load_state_dict.
 RUN_IDENTITY = ("model", "task", "text_columns", "label_column", "labels", "data_fingerprint",
-                "finetune", "data_format", "loss_on", "chat_template", "lora")
+                "finetune", "data_format", "loss_on", "chat_template", "lora",
+                "columns", "tag_scheme", "subword_labels", "doc_stride")  # token classification, QA
 # Settings that decide which rows form each batch: a resume with other values would not
 # see the batches the first part of the run was planned with.
 ORDER_SETTINGS = ("batch_size", "gradient_accumulation_steps", "seed", "max_length", "group_by_length")

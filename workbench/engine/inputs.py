@@ -25,14 +25,61 @@ def make_config(config: TrainConfig | None, overrides: dict[str, Any]) -> TrainC
     return dataclasses.replace(config, **overrides)  # __post_init__ validates again
 
 
+# The tasks that read the columns their TrainConfig fields name, and what to set instead of
+# text_columns / label_column.
+OWN_COLUMNS = {
+    "causal_lm": "name the data's columns with messages_column, prompt_column + completion_column, or "
+                 "text_column (TrainConfig fields).",
+    "token_classification": "name the data's columns with tokens_column and tags_column (TrainConfig "
+                            "fields), or leave them to be found (tokens / words; ner_tags / tags / labels).",
+    "question_answering": "name the data's columns with question_column, context_column and answers_column "
+                          "(TrainConfig fields).",
+}
+
+
+def resolve_task(data, text_columns, label_column, config: TrainConfig) -> str:
+    """The task to run: ``config.task``, or for ``"auto"`` the one the data's columns say
+    (``sources.data_checks.detect_task``). Text or label columns given mean classification."""
+    if config.task != "auto":
+        return config.task
+    if text_columns or label_column:
+        return "classification"
+    train = _train_split_of(data)
+    if train is None:  # not data we can look into: classification's checks say what is wrong
+        return "classification"
+    from workbench.sources.data_checks import detect_task
+
+    return detect_task(train, config.question_column, config.context_column, config.answers_column)
+
+
+def _train_split_of(data):
+    """The train split (or the only one) of any accepted ``data``, read as the run will read it."""
+    if isinstance(data, (str, os.PathLike)):
+        from workbench.sources.data import resolve_data_source
+
+        data = DatasetChoice(source=resolve_data_source(data), path=str(data))
+    if isinstance(data, DatasetChoice):
+        from workbench.sources.data import load_raw
+
+        raw = load_raw(data)
+        if data.train_split in raw and set((*data.text_columns, data.label_column)) <= set(
+                raw[data.train_split].column_names):
+            return None  # the chosen text and label columns are there: classification
+        return raw.get(data.train_split)
+    if hasattr(data, "keys") and hasattr(data, "get"):
+        return data.get("train")
+    return None
+
+
 def resolve_data(data, text_columns, label_column, task: str = "classification"):
     """(DatasetDict, text_columns, label_column) from any accepted ``data``.
 
-    A causal LM reads the columns its TrainConfig names (messages_column, ...): its
-    splits are loaded whole and checked by the task, and text/label columns are refused.
+    A causal LM, token classification and question answering read the columns their
+    TrainConfig names (messages_column, tokens_column, question_column...): their splits are
+    loaded whole and checked by the task, and text/label columns are refused.
     """
-    if task == "causal_lm":
-        return _resolve_lm_data(data, text_columns, label_column)
+    if task in OWN_COLUMNS:
+        return _resolve_own_columns(data, text_columns, label_column, task)
     if isinstance(data, (str, os.PathLike)):
         from workbench.sources.data import resolve_data_source
 
@@ -78,12 +125,10 @@ def describe_data(data) -> dict[str, Any]:
     return {}
 
 
-def _resolve_lm_data(data, text_columns, label_column):
+def _resolve_own_columns(data, text_columns, label_column, task: str):
     for name, value in (("text_columns", text_columns), ("label_column", label_column)):
         if value:
-            raise ConfigError(name, value, "not set for task='causal_lm'",
-                              fix="name the data's columns with messages_column, prompt_column + "
-                                  "completion_column, or text_column (TrainConfig fields).")
+            raise ConfigError(name, value, f"not set for task={task!r}", fix=OWN_COLUMNS[task])
     if isinstance(data, (str, os.PathLike)):
         from workbench.sources.data import resolve_data_source
 

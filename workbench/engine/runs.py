@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.config import default_best_metric
 from workbench.engine.benchmarks import benchmark_columns
 from workbench.engine.events import EVENTS_FILE, MAX_LOG_BYTES, read_events
 from workbench.engine.progress import (
@@ -312,7 +313,7 @@ def _decode(line: bytes) -> dict | None:
 
 
 def _best(run: Run, config: dict, evals: list[dict]) -> None:
-    chosen = config.get("best_metric") or ("loss" if config.get("task") == "causal_lm" else "accuracy")
+    chosen = config.get("best_metric") or default_best_metric(config.get("task"))
     name = f"eval_{chosen}"
     # Step 0 (eval_before_training) is the untrained start, never the best (as in fit).
     scored = [(e[name], e.get("step")) for e in evals if is_number(e.get(name)) and e.get("step")]

@@ -100,6 +100,8 @@ def fit(
     """
     # Everything that can be wrong is checked here, before any training starts.
     config = inputs.make_config(config, overrides)
+    # task="auto": the data's columns pick it; every later step (and the run record) sees the real one.
+    config = dataclasses.replace(config, task=inputs.resolve_task(data, text_columns, label_column, config))
     model_choice = model if isinstance(model, ModelChoice) else ModelChoice(str(model))
     model_checks.check_model_source(model_choice.name_or_path)
     splits, columns, label = inputs.resolve_data(data, text_columns, label_column, config.task)

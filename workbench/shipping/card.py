@@ -46,11 +46,17 @@ KINDS = {
     "model_merged": "the final model of the run with its LoRA adapter merged into the base weights",
     "gguf": "a GGUF export of the run's final model (llama.cpp, Ollama, LM Studio)",
 }
+# The pipeline each task's model is loaded with (the Hub's pipeline_tag), and what its training is called.
+PIPELINE_TAGS = {"causal_lm": "text-generation", "classification": "text-classification",
+                 "token_classification": "token-classification", "question_answering": "question-answering"}
+METHODS = {"classification": "fine-tuning (sequence classification)",
+           "token_classification": "fine-tuning (token classification: a tag per word)",
+           "question_answering": "fine-tuning (extractive question answering: a span of the context)"}
 # Record keys the card shows in its own sections; any other key goes to "Other facts".
 _SHOWN_RECORD = {"config", "seed", "precision", "world_size", "environment", "argv", "model", "model_content",
                  "task", "finetune", "data_fingerprint", "data_format", "loss_on", "chat_template",
                  "parameters", "lora", "labels", "text_columns", "label_column", "data", "padding_free",
-                 "dropped_rows"}
+                 "dropped_rows", "columns", "tag_scheme", "subword_labels", "doc_stride"}
 _SHOWN_START = {"kind", "time", "model", "total_steps", "num_epochs", "config", "world_size", "precision",
                 "device", "resumed_from_step", "label_names", "run_id", "pid", "host"}
 _SHOWN_END = {"kind", "time", "status", "step", "metrics"}
@@ -117,7 +123,7 @@ def build_card(folder: str | os.PathLike, run_dir: str | os.PathLike | None = No
         base_model=base if base and not looks_like_local_path(str(base)) else None,
         datasets=[data["path"]] if data.get("source") == "hub" and data.get("path") else None,
         library_name="peft" if adapter else ("transformers" if kind != "gguf" else None),
-        pipeline_tag="text-generation" if causal else "text-classification",
+        pipeline_tag=PIPELINE_TAGS.get(task, "text-classification"),
         tags=[t for t in ("workbench", task, record.get("finetune"), "gguf" if kind == "gguf" else None,
                           "lora" if record.get("lora") else None) if t],
         metrics=sorted({m.removeprefix("eval_") for m in run.metrics}) or None,
@@ -125,7 +131,7 @@ def build_card(folder: str | os.PathLike, run_dir: str | os.PathLike | None = No
     )
     sections = [
         _title(name, kind, base, data, task, record, adapter),
-        _usage(Path(location) if location else folder, kind, causal, adapter, base, export),
+        _usage(Path(location) if location else folder, kind, task, adapter, base, export),
         _export_section(export) if export else "",
         _training_section(record, config, data, run, starts, task),
         _results_section(run, kind, extra, step0, ends),
@@ -167,8 +173,7 @@ def safe_write_card(folder: str | os.PathLike, run_dir: str | os.PathLike | None
 def _title(name, kind, base, data, task, record, adapter) -> str:
     what = KINDS.get(kind, "a model of the run")
     method = {"lora": "LoRA", "qlora": "QLoRA", "full": "full fine-tuning"}.get(record.get("finetune"), "fine-tuning")
-    if task != "causal_lm":
-        method = "fine-tuning (sequence classification)"
+    method = METHODS.get(task, method)
     lines = [f"# {name}", "",
              f"This folder holds {what}: `{base}` trained with {method} on {_data_name(data)} with "
              "the workbench."]
@@ -178,7 +183,7 @@ def _title(name, kind, base, data, task, record, adapter) -> str:
     return "\n".join(lines)
 
 
-def _usage(folder, kind, causal, adapter, base, export) -> str:
+def _usage(folder, kind, task, adapter, base, export) -> str:
     path = str(folder)
     if kind == "gguf" and export:
         gguf = export.get("file", "model.gguf")
@@ -192,7 +197,19 @@ def _usage(folder, kind, causal, adapter, base, export) -> str:
             "```sh", f"llama-cli -m {gguf} -cnv", f"llama-server -m {gguf} --port 8080", "```", "",
             "LM Studio: import the `.gguf` file (My Models -> Import).",
         ])
-    if causal:
+    if task == "token_classification":
+        code = ["```python", "from transformers import pipeline", "",
+                f"tagger = pipeline(\"token-classification\", model={path!r}, aggregation_strategy=\"simple\")",
+                "print(tagger(\"Angela Merkel visited Paris.\"))  # entities with their type, score and characters",
+                "```"]
+    elif task == "question_answering":
+        code = ["```python", "from transformers import pipeline", "",
+                "# transformers 5 has no question-answering pipeline: this folder carries one (qa_pipeline.py,",
+                "# read it first); trust_remote_code lets transformers run it.",
+                f"qa = pipeline(\"question-answering\", model={path!r}, trust_remote_code=True)",
+                "print(qa(question=\"Where was Marie Curie born?\", context=\"Marie Curie was born in Warsaw.\"))",
+                "```"]
+    elif task == "causal_lm":
         code = ["```python", "from transformers import pipeline", "",
                 f"generator = pipeline(\"text-generation\", model={path!r})",
                 "reply = generator([{\"role\": \"user\", \"content\": \"Hello!\"}], max_new_tokens=128)",
@@ -247,6 +264,12 @@ def _training_section(record, config, data, run, starts, task) -> str:
         ("trainable parameters", f"{params['trainable']:,} of {params['total']:,}"
          if params.get("trainable") and params.get("total") else None),
         ("labels", ", ".join(map(str, record.get("labels") or [])) or None),
+        ("columns", ", ".join(f"`{c}`" for c in record.get("columns") or []) or None),
+        ("tag scheme", record.get("tag_scheme")),
+        ("sub-word labels", {"all": "every sub-word of a word", "first": "the first sub-word of each word"}.get(
+            record.get("subword_labels"))),
+        ("windows", f"{config.get('max_length')} tokens, {record['doc_stride']} shared by consecutive windows"
+         if record.get("doc_stride") else None),
         ("loss on", record.get("loss_on")),
         ("system prompt", repr(config.get("system_prompt")) if config.get("system_prompt") else None),
         ("precision", record.get("precision") or (starts[-1].get("precision") if starts else None)),
@@ -352,7 +375,7 @@ def _training_eval_results(task, data, config, metrics, name) -> list:
 
     if not metrics or not (data.get("path") or data.get("name")):
         return []  # the Hub needs a dataset to file a result under: an unnamed in-memory one has none
-    task_type = "text-generation" if task == "causal_lm" else "text-classification"
+    task_type = PIPELINE_TAGS.get(task, "text-classification")
     dataset_type = data.get("path") if data.get("source") == "hub" else (data.get("format") or "json")
     found = []
     for key, value in sorted(metrics.items()):

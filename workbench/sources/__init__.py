@@ -8,13 +8,17 @@ Start reading at ``data.py`` (a dataset choice into train and validation splits)
     data.py           a dataset choice -> train + validation: hub or files, the split, row caps
     data_files.py     local files: the folder convention, checks before reading, reading, and
                       the file and line each row came from (a new file format goes here)
-    data_checks.py    columns, texts, labels and splits checked; column facts for the picker
+    span_files.py     CoNLL text files and SQuAD's nested JSON, read as they are, with the place
+                      of each row (what data_files.py reads them with)
+    data_checks.py    columns, texts, labels and splits checked; column facts for the picker;
+                      which task the columns say (detect_task)
     models.py         which models exist (folders, packages, cache); facts from their config
     vram.py           GPU memory a fine-tuning run needs (classifier, causal LM), check_fit
     cpu_time.py       time per epoch on this CPU, in the precision "auto" picks here (the picker's)
     model_checks.py   checks on a loaded model and tokenizer (a new head, truncation...)
     gguf.py           GGUF files (llama.cpp's format) converted once to a model folder
-    synthetic.py, synthetic_llm.py   tiny offline stand-ins for tests and CI notebooks
+    synthetic.py, synthetic_llm.py, synthetic_spans.py   offline stand-ins for tests and CI
+                      notebooks (reviews and a tiny BERT; chats; CoNLL sentences and SQuAD biographies)
 
 Imports: ``workbench.config`` and ``workbench.errors``; ``vram.py`` also reads ``workbench.gpu``
 (free memory), ``workbench.engine.precision`` (what "auto" precision resolves to; ``cpu_time.py``

@@ -56,12 +56,26 @@ def _datasets_offline() -> bool:
         return False
 
 
+# datasets 4 stopped running loading scripts; the Hub's dataset viewer keeps a Parquet copy of
+# every public dataset on this branch, which is what such a dataset (eriktks/conll2003) loads from.
+PARQUET_EXPORT = "refs/convert/parquet"
+
+
 def load_hub(name: str, config_name: str | None = None) -> DatasetDict:
-    """Load a hub dataset (all splits); offline or unknown names become a DataError."""
+    """Load a hub dataset (all splits); offline or unknown names become a DataError.
+
+    A dataset that is still a loading script (which datasets 4 no longer runs) is read from
+    the Hub's Parquet export of it instead.
+    """
     import datasets
 
     try:
-        loaded = datasets.load_dataset(name, config_name)
+        try:
+            loaded = datasets.load_dataset(name, config_name)
+        except RuntimeError as script:
+            if "scripts are no longer supported" not in str(script):
+                raise
+            loaded = datasets.load_dataset(name, config_name, revision=PARQUET_EXPORT)
     except Exception as e:
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         offline = is_offline() or _datasets_offline()

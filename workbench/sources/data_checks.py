@@ -7,6 +7,9 @@ and splits, and the column facts the dataset picker shows beside them.
   the fix.
 - :func:`suggest_columns`, :func:`column_types`, :func:`preview_rows` and
   :func:`label_distribution` feed the picker's choosers, table and chart.
+- :func:`detect_task` says which task the columns are for (a run's ``task="auto"`` and the
+  picker): question answering, token classification, a causal LM's chats, or classification;
+  :func:`find_token_columns` finds the words and tags of token-classification data.
 
 Pure functions of a loaded ``datasets.Dataset``: reading files is ``data_files.py``'s job.
 """
@@ -38,6 +41,49 @@ LABEL_NAMES = [
     "label", "labels", "sentiment", "class", "target", "category", "y", "intent", "topic",
     "rating", "stars", "emotion",
 ]
+# Token classification: a list of words and a list of tags per row (CoNLL-2003 on the hub: tokens,
+# ner_tags; WNUT-17 and many others: tokens, tags). The first name present is taken.
+TOKEN_NAMES = ["tokens", "words"]
+TAG_NAMES = ["ner_tags", "tags", "labels", "ner", "label"]
+
+# ---------------------------------------------------------------- which task
+
+
+def find_token_columns(ds: Dataset, tokens_column: str | None = None,
+                       tags_column: str | None = None) -> tuple[str, str] | None:
+    """(tokens column, tags column) of token-classification data: the given names, or the first of
+    TOKEN_NAMES / TAG_NAMES whose first value is a list; None when the data has no such pair."""
+    columns = list(ds.column_names)
+    first = ds[0] if len(ds) else {}
+
+    def pick(given, names):
+        if given is not None:
+            return given if given in columns else None
+        return next((n for n in names if n in columns and isinstance(first.get(n), list)), None)
+
+    tokens, tags = pick(tokens_column, TOKEN_NAMES), pick(tags_column, TAG_NAMES)
+    return (tokens, tags) if tokens and tags else None
+
+
+def detect_task(ds: Dataset, question_column: str = "question", context_column: str = "context",
+                answers_column: str = "answers") -> str:
+    """The task whose data ``ds`` looks like, from its columns and first row.
+
+    question + context + answers: ``question_answering``; a list of words and a list of tags:
+    ``token_classification``; chat messages or prompt + completion: ``causal_lm``; anything
+    else: ``classification`` (whose own checks then name the columns it needs).
+    """
+    columns = set(ds.column_names)
+    if {question_column, context_column, answers_column} <= columns:
+        return "question_answering"
+    if find_token_columns(ds):
+        return "token_classification"
+    first = ds[0] if len(ds) else {}
+    chats = any(isinstance(v, list) and v and all(isinstance(m, dict) and "role" in m for m in v)
+                for v in first.values())
+    if chats or {"prompt", "completion"} <= columns:
+        return "causal_lm"
+    return "classification"
 
 # ---------------------------------------------------------------- columns and labels
 

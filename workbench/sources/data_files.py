@@ -5,7 +5,7 @@ and where a row of them sits (file and line).
   files named ``train.*`` / ``validation.*`` (or valid, val, dev) / ``test.*`` become those
   splits (the folder convention).
 - :func:`load_files` reads them with ``datasets.load_dataset`` (CSV, TSV, JSON, JSON Lines,
-  Parquet). Files are checked *before* ``datasets`` sees them (existence, emptiness, UTF-8,
+  Parquet), or with the readers of ``span_files.py`` (CoNLL text files, SQuAD's nested JSON). Files are checked *before* ``datasets`` sees them (existence, emptiness, UTF-8,
   the delimiter, the Parquet magic bytes) because its own errors for those cases are stack
   traces from pyarrow that name neither file nor fix.
 - :class:`RowOrigin` and :class:`RowLocator` turn a row's index (``ROW_COLUMN``) back into
@@ -28,6 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.errors import DataError
 from workbench.sources.paths import nearby
+from workbench.sources.span_files import (
+    CONLL_SUFFIXES,
+    conll_features,
+    is_squad_json,
+    read_conll,
+    read_squad,
+    squad_features,
+)
 
 if TYPE_CHECKING:  # datasets is imported lazily: it takes ~1 s
     from datasets import DatasetDict
@@ -39,8 +47,12 @@ FORMATS: dict[str, tuple[str, dict[str, Any]]] = {
     ".json": ("json", {}),
     ".jsonl": ("json", {}),
     ".parquet": ("parquet", {}),
+    ".conll": ("conll", {}),  # span_files.py: one token per line, its tag last (CoNLL-2003)
+    ".txt": ("conll", {}),  # CoNLL-2003 ships as train.txt / valid.txt / test.txt
 }
-TEXT_FORMATS = (".csv", ".tsv", ".json", ".jsonl")
+TEXT_FORMATS = (".csv", ".tsv", ".json", ".jsonl", *CONLL_SUFFIXES)
+# Formats read by span_files.py rather than datasets' builders: a reader and the place of each row.
+OWN_READERS = {"conll": (read_conll, conll_features), "squad": (read_squad, squad_features)}
 
 # A file in a folder whose name starts with one of these becomes that split.
 SPLIT_ALIASES = {
@@ -216,6 +228,12 @@ def find_data_files(path: str | os.PathLike) -> tuple[str, dict[str, Any], dict[
             "keep one format per folder, or choose a single file.",
         )
     builder, kwargs = FORMATS[files[0].suffix.lower()]
+    if builder == "json":  # SQuAD's nested JSON is not records: read by span_files.read_squad
+        squad = [p.name for p in files if is_squad_json(p)]
+        if squad and len(squad) < len(files):
+            raise DataError(f"{path} mixes SQuAD-format JSON ({', '.join(squad)}) with JSON records.",
+                            "keep one format per folder, or choose a single file.")
+        builder = "squad" if squad else builder
     splits: dict[str, list[str]] = {}
     for p in files:
         first = re.split(r"[-_.]", p.name.lower(), maxsplit=1)[0]
@@ -243,6 +261,8 @@ def load_files(path: str | os.PathLike, *, csv_as_text: bool = False) -> Dataset
     import datasets
 
     builder, kwargs, splits = find_data_files(path)
+    if builder in OWN_READERS:
+        return _read_own_format(builder, splits)
     if builder == "csv":
         kwargs.setdefault("encoding", "utf-8-sig")  # a spreadsheet's BOM must not join the header
         for key, value in CSV_READ_OPTIONS.items():
@@ -265,6 +285,22 @@ def load_files(path: str | os.PathLike, *, csv_as_text: bool = False) -> Dataset
                 "add data rows below the header, or remove the file.",
             )
     return loaded
+
+
+def _read_own_format(builder: str, splits: dict[str, list[str]]) -> DatasetDict:
+    """A DatasetDict from span_files' readers (each split's files in order, as datasets reads them)."""
+    from datasets import Dataset, DatasetDict
+
+    read, features = OWN_READERS[builder]
+    out = {}
+    for split, files in splits.items():
+        columns: dict[str, list] = {}
+        for name in files:
+            rows, _ = read(name)
+            for key, values in rows.items():
+                columns.setdefault(key, []).extend(values)
+        out[split] = Dataset.from_dict(columns, features=features())
+    return DatasetDict(out)
 
 
 def _load_error(builder: str, splits: dict[str, list[str]], error: Exception) -> DataError:
@@ -313,15 +349,24 @@ class RowOrigin:
     source: str  # the data path or hub id as given
     split: str  # the split's name there
 
-    def describe(self, index: int) -> str:
-        """Row ``index`` (ROW_COLUMN) as the user finds it: "data/chats.jsonl line 8"."""
+    def describe(self, index: int, word: int | None = None) -> str:
+        """Row ``index`` (ROW_COLUMN) as the user finds it: "data/chats.jsonl line 8".
+
+        ``word``: a position in the row's token list (token classification): in a CoNLL file,
+        where each token has its own line, that token's line."""
         if not self.files:
-            return f"{self.source} split {self.split!r} row {index}"
+            return f"{self.source} split {self.split!r} row {index}" + (f" word {word + 1}" if word is not None
+                                                                      else "")
         for path in self.files:
             starts = _record_lines(Path(path))
             if index < len(starts):
                 line = starts[index]
-                return f"{path} line {line}" if line else f"{path} row {index} (counting from 0)"
+                if isinstance(line, str):  # a place that is not a line (a SQuAD question's JSON path)
+                    return f"{path} {line}"
+                if word is not None and line and Path(path).suffix.lower() in CONLL_SUFFIXES:
+                    return f"{path} line {line + word}"
+                place = f"{path} line {line}" if line else f"{path} row {index} (counting from 0)"
+                return place + (f" word {word + 1}" if word is not None else "")
             index -= len(starts)
         return f"{self.files[-1]} row {index}"
 
@@ -337,23 +382,30 @@ class RowLocator:
         self.origin = getattr(splits, "origins", {}).get(split)
         self.rows = list(ds[ROW_COLUMN]) if self.origin is not None and ROW_COLUMN in ds.column_names else None
 
-    def __call__(self, i: int) -> str:
-        return f"{self.split} split row {i}" if self.rows is None else self.origin.describe(self.rows[i])
+    def __call__(self, i: int, word: int | None = None) -> str:
+        if self.rows is None:
+            return f"{self.split} split row {i}" + (f" word {word + 1}" if word is not None else "")
+        return self.origin.describe(self.rows[i], word)
 
     def position(self, i: int) -> int:
         return i if self.rows is None else self.rows[i]
 
 
-def _record_lines(path: Path) -> list[int | None]:
-    """The 1-based line on which each record of a data file starts (None where lines mean nothing)."""
+def _record_lines(path: Path) -> list[int | str | None]:
+    """The 1-based line on which each record of a data file starts (None where lines mean nothing;
+    a text for a SQuAD question: its line and JSON path)."""
     stat = path.stat()
     return _record_lines_cached(str(path), stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=8)  # an error names up to a few rows: read each file once
-def _record_lines_cached(name: str, mtime_ns: int, size: int) -> list[int | None]:
+def _record_lines_cached(name: str, mtime_ns: int, size: int) -> list[int | str | None]:
     path = Path(name)
     suffix = path.suffix.lower()
+    if suffix in CONLL_SUFFIXES:
+        return list(read_conll(path)[1])
+    if suffix == ".json" and is_squad_json(path):
+        return list(read_squad(path)[1])
     if suffix == ".jsonl" or (suffix == ".json" and not path.read_text(encoding="utf-8").lstrip().startswith("[")):
         with path.open(encoding="utf-8") as f:
             return [n for n, line in enumerate(f, start=1) if line.strip()]

@@ -133,7 +133,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @contextlib.contextmanager
-def new_head_notice(num_labels: int, *, announce=print, quiet_progress: bool = True) -> Iterator[HeadNotice]:
+def new_head_notice(num_labels: int, *, announce=print, quiet_progress: bool = True,
+                    head: str | None = None) -> Iterator[HeadNotice]:
     """Replace transformers' load report for a new classification head by one calm line.
 
     transformers 5 logs a "<Class> LOAD REPORT" table (a warning, red in a notebook)
@@ -154,6 +155,7 @@ def new_head_notice(num_labels: int, *, announce=print, quiet_progress: bool = T
     ``announce``: called with the line (default ``print``); None to only set ``notice.message``.
     ``quiet_progress``: hide transformers' "Loading weights" bar meanwhile (a model of a
     few hundred tensors loads in a second; the bar is noise in a cell's output and a log).
+    ``head``: what the new head is, for the line (default "classification head of N labels").
     """
     from transformers.utils import logging as hf_logging
 
@@ -174,7 +176,7 @@ def new_head_notice(num_labels: int, *, announce=print, quiet_progress: bool = T
         if quiet_progress and bars_were_on:
             hf_logging.enable_progress_bar()
     for record in notice.records:
-        message = _calm_line(record.getMessage(), num_labels)
+        message = _calm_line(record.getMessage(), head or f"classification head of {num_labels} labels")
         if message is None:
             _pass_through(logger, notice)
             return
@@ -192,7 +194,7 @@ def _pass_through(logger: logging.Logger, notice: HeadNotice, catcher: logging.F
     notice.message = None
 
 
-def _calm_line(report: str, num_labels: int) -> str | None:
+def _calm_line(report: str, head: str) -> str | None:
     """The line for a report that only concerns the head, or None for a real mismatch."""
     import transformers
 
@@ -206,14 +208,19 @@ def _calm_line(report: str, num_labels: int) -> str | None:
     rows = [m.groupdict() for m in map(_ROW.match, report.splitlines()) if m]
     if not rows:
         return None
+    # A checkpoint's pooler (bert.pooler.*) is part of its base model, but token-classification and
+    # question-answering models are built without one: unused there, like the checkpoint's own head.
+    pooler = f"{prefix}.pooler."
     for row in rows:
         inside_base = row["key"].startswith(prefix + ".") or row["key"] == prefix
-        if row["status"] == "CONVERSION" or inside_base:
+        unused_pooler = row["status"] == "UNEXPECTED" and row["key"].startswith(pooler)
+        if row["status"] == "CONVERSION" or (inside_base and not unused_pooler):
             return None
     replaced = {r["key"] for r in rows if r["status"] == "MISMATCH"}
-    unused = sorted({r["key"].split(".")[0] for r in rows if r["status"] == "UNEXPECTED"})
+    unused = sorted({"pooler" if r["key"].startswith(pooler) else r["key"].split(".")[0]
+                     for r in rows if r["status"] == "UNEXPECTED"})
     source = first.split(" from: ", 1)[1].strip() if " from: " in first else "the checkpoint"
-    line = (f"{source}: a new classification head of {num_labels} labels was created (expected when"
+    line = (f"{source}: a new {head} was created (expected when"
             " fine-tuning; training fits it)")
     if replaced:
         line += ", in place of the checkpoint's head for a different number of labels"

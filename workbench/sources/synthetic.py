@@ -115,11 +115,14 @@ def make_tiny_bert(
     num_layers: int = 2,
     num_heads: int = 2,
     seed: int = 0,
+    texts: list[str] | None = None,
+    vocab_size: int = 400,
 ) -> Path:
     """Save a small random BERT for sequence classification and its tokenizer to ``path``.
 
     The folder looks exactly like a downloaded model (config.json, weights,
     tokenizer files), so loading code is the same as for ``bert-base-uncased``.
+    ``texts``: what the WordPiece tokenizer is trained on (default: generated reviews).
     """
     import torch
     from transformers import BertConfig, BertForSequenceClassification
@@ -127,7 +130,7 @@ def make_tiny_bert(
     path = Path(path)
     if (path / "config.json").is_file():
         return path  # already built: the same seed gives the same model
-    tokenizer = train_tokenizer()
+    tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
     config = BertConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

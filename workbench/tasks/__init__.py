@@ -12,8 +12,14 @@ Start reading at ``base.py`` (the protocol), then one task:
                             eval, saving)
     causal_lm_data.py       its data: chat / prompt-completion / text rows and their checks,
                             chat templates, the loss mask, the dataset and padding collator
+    token_classification.py TokenClassificationTask (named entities: a tag per word; seqeval scores)
+    token_classification_data.py  its rows: tag checks, the tag scheme, labels aligned to sub-words
+    question_answering.py   QuestionAnsweringTask (extractive QA, SQuAD 1.1 and 2.0: spans of a context)
+    question_answering_data.py    its rows: answer checks, context windows and their labels
+    qa_pipeline.py          the post-processing (best span over windows) and the pipeline saved
+                            beside a QA model (standalone: transformers 5 has no QA pipeline)
     lora.py                 LoRA / QLoRA adapters (the only importer of peft, with causal_lm)
-    metrics.py              accuracy / F1 and the language-model metrics
+    metrics.py              accuracy / F1, entity scores (seqeval), SQuAD exact match / F1
 
 A new task follows the same pair: ``<task>.py`` for the task object (model, loss, metrics,
 saving), ``<task>_data.py`` for its rows (their checks, tokenization, dataset, collator).
@@ -35,6 +41,14 @@ def make_task(config: TrainConfig, text_columns, label_column: str) -> Task:
         from workbench.tasks.causal_lm import CausalLMTask
 
         return CausalLMTask(config)
+    if config.task == "token_classification":
+        from workbench.tasks.token_classification import TokenClassificationTask
+
+        return TokenClassificationTask(config)
+    if config.task == "question_answering":
+        from workbench.tasks.question_answering import QuestionAnsweringTask
+
+        return QuestionAnsweringTask(config)
     from workbench.tasks.classification import ClassificationTask
 
     return ClassificationTask(text_columns, label_column)

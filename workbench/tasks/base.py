@@ -2,7 +2,10 @@
 
 ``Task`` lists what the engine's loop asks of a task; ``split_batch``, ``fingerprint``,
 ``load_pretrained``, ``load_full_state`` and ``enable_gradient_checkpointing`` are the
-helpers the tasks have in common.
+helpers the tasks have in common. The encoder tasks (classification, token classification,
+question answering) also share ``FullWeights`` (every weight trains and is checkpointed),
+``RowsDataset`` and ``PadToLongest`` (token lists padded per batch), and
+``write_predictions`` / ``read_predictions`` (the evaluation's answers saved beside a model).
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ import torch
 
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import ModelError
+
+# Beside a saved model (model/, best/): the answers of the evaluation those weights had, one
+# JSON object per line, so an error analysis reads the run folder instead of predicting again.
+PREDICTIONS_FILE = "eval_predictions.jsonl"
 
 
 class Task(Protocol):
@@ -150,3 +157,69 @@ def load_full_state(model, state: dict[str, torch.Tensor], fix: str) -> None:
     if missing or unexpected:
         raise ModelError(f"The checkpoint's weights do not fit this model (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}).", fix)
+
+
+def write_predictions(directory: str | Path, rows: list[dict]) -> None:
+    """``rows`` as ``PREDICTIONS_FILE`` in ``directory`` (nothing when there are none yet)."""
+    if rows:
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        (Path(directory) / PREDICTIONS_FILE).write_text(text, encoding="utf-8")
+
+
+def read_predictions(model_dir: str | Path) -> list[dict]:
+    """The evaluation's answers saved beside a model; [] when the folder has none."""
+    path = Path(model_dir) / PREDICTIONS_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class FullWeights:
+    """What a task that fine-tunes every weight of a model shares: the checkpoint holds all of
+    them, nothing is generated at evaluation, no setting depends on the model's layers."""
+
+    def model_state(self, model) -> dict[str, torch.Tensor]:
+        return model.state_dict()
+
+    def load_model_state(self, model, state: dict[str, torch.Tensor]) -> None:
+        load_full_state(model, state, "resume with the model the run was started with, or start over "
+                                      "with resume=None.")
+
+    def generation_metrics(self, model, tokenizer) -> dict[str, float]:
+        return {}
+
+    def check_model(self, choice: ModelChoice) -> None:
+        """Nothing depends on the model's layers: the head is made for the task."""
+
+
+class RowsDataset(torch.utils.data.Dataset):
+    """Tokenized rows held as Python lists by column (cheap to batch), each row also carrying its
+    own index under ``index_name`` so that eval outputs can be matched back to it."""
+
+    def __init__(self, columns: dict[str, list], index_name: str):
+        self.columns = columns
+        self.index_name = index_name
+        self.lengths = [len(ids) for ids in columns["input_ids"]]  # tokens per row, for the sampler
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> dict:
+        return {**{name: values[index] for name, values in self.columns.items()}, self.index_name: index}
+
+
+class PadToLongest:
+    """Rows -> a batch of tensors: the lists in ``pad`` padded to the batch's longest row with their
+    pad value, an attention mask to match, and every other field (one number per row) stacked."""
+
+    def __init__(self, pad: dict[str, int]):
+        self.pad = pad
+
+    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        longest = max(len(r["input_ids"]) for r in rows)
+        batch = {name: torch.tensor([r[name] + [value] * (longest - len(r[name])) for r in rows])
+                 for name, value in self.pad.items() if name in rows[0]}
+        batch["attention_mask"] = torch.tensor([[1] * len(r["input_ids"]) + [0] * (longest - len(r["input_ids"]))
+                                                for r in rows])
+        batch.update({name: torch.tensor([r[name] for r in rows]) for name in rows[0] if name not in self.pad})
+        return batch

@@ -21,15 +21,15 @@ from workbench.sources import model_checks
 from workbench.sources.data_checks import check_split
 from workbench.tasks import classification_data
 from workbench.tasks.base import (
+    FullWeights,
     enable_gradient_checkpointing,
     fingerprint,
-    load_full_state,
     load_pretrained,
 )
 from workbench.tasks.metrics import classification_metrics, trivial_baselines
 
 
-class ClassificationTask:
+class ClassificationTask(FullWeights):
     name = "classification"
 
     def __init__(self, text_columns: Sequence[str], label_column: str):
@@ -124,22 +124,12 @@ class ClassificationTask:
         loss, predictions, labels = (torch.cat(parts) for parts in zip(*outputs, strict=True))
         return classification_metrics(predictions, labels, len(self.labels.names), loss.mean().item())
 
-    def generation_metrics(self, model, tokenizer) -> dict[str, float]:
-        return {}
-
     def baselines(self, outputs: list[tuple[torch.Tensor, ...]]) -> dict:
         """Chance and the training labels' majority class, scored on these eval rows (the verdict's bar)."""
         labels = torch.cat([parts[2] for parts in outputs])
         return trivial_baselines(labels, self.train_label_counts, self.labels.names)
 
     # -- saving ---------------------------------------------------------------------
-    def model_state(self, model) -> dict[str, torch.Tensor]:
-        return model.state_dict()
-
-    def load_model_state(self, model, state: dict[str, torch.Tensor]) -> None:
-        load_full_state(model, state, "resume with the model the run was started with, or start over "
-                                      "with resume=None.")
-
     def save_model(self, model, tokenizer, directory: Path, state_dict: dict | None = None) -> None:
         model.save_pretrained(directory, state_dict=state_dict)
         tokenizer.save_pretrained(directory)

@@ -11,14 +11,16 @@ so a notebook never shows a traceback for a wrong path or column.
 
 Causal LMs: the model picker shows decoder facts and full / LoRA / QLoRA memory, the
 dataset picker recognises chat and prompt/completion data and previews the tokens
-that carry loss; those views live in workbench.widgets.causal_views, the HTML pieces
-in workbench.widgets.html_blocks. Here: the controls, the events and the export.
+that carry loss; those views live in workbench.widgets.causal_views. Token classification
+and question answering: the dataset picker recognises words + tags and question + context +
+answers and shows the entities or the answers in context (workbench.widgets.span_views).
+The HTML pieces are in workbench.widgets.html_blocks. Here: the controls, the events and the export.
 
 Without a GPU the model picker also estimates the time per epoch on this CPU, in the
 precision "auto" picks here (``workbench.sources.cpu_time``), from the dataset picker's rows.
 
-Why ~650 lines: two pickers and the combined one, each one class, share the export. The
-next split: the dataset picker into its own module.
+Why ~650 lines: two pickers and the combined one, each one class, share the export. The next
+split: DatasetPicker (with its task views) into a module of its own, the export beside it.
 """
 
 from __future__ import annotations
@@ -42,9 +44,12 @@ from workbench.widgets.causal_views import (
 )
 from workbench.widgets.html_blocks import WARNING, error_html, note_html, table_html
 from workbench.widgets.label_chart import label_chart_png
+from workbench.widgets.span_views import SpanDataView
 
 NOTEBOOK = "notebooks/01_quickstart.ipynb"  # the notebook the papermill line runs
-TASK_OPTIONS = [("Classification", "classification"), ("Causal LM", "causal_lm")]
+TASK_OPTIONS = [("Classification", "classification"), ("Causal LM", "causal_lm"),
+                ("Token classification", "token_classification"), ("Question answering", "question_answering")]
+SPAN_TASKS = ("token_classification", "question_answering")  # their data view: span_views.SpanDataView
 
 
 # ---------------------------------------------------------------- model picker
@@ -169,7 +174,8 @@ class ModelPicker(widgets.VBox):
         info = self.info
         self._selecting = True  # the task and length observers wait: one estimate below, not three
         try:
-            self.task = "causal_lm" if self.facts else "classification"
+            # A decoder trains as a causal LM; an encoder keeps the task the data chose (NER, QA...).
+            self.task = "causal_lm" if self.facts else ("classification" if self.task == "causal_lm" else self.task)
             if info.max_position_embeddings and self.seq_len > info.max_position_embeddings:
                 self.seq_len = info.max_position_embeddings
         finally:
@@ -329,6 +335,8 @@ class DatasetPicker(widgets.VBox):
         self.task_box = widgets.ToggleButtons(options=TASK_OPTIONS, value="classification")
         self.chat = ChatDataView()
         self.chat.layout.display = "none"
+        self.spans = SpanDataView()  # token classification and question answering
+        self.spans.layout.display = "none"
         self.label_columns = widgets.HBox([self.text_box, self.label_box])  # classification only
         for box in (self.path_box, self.config_box, self.train_box, self.eval_box, self.text_box,
                     self.label_box, self.fraction_box, self.seed_box):
@@ -337,7 +345,7 @@ class DatasetPicker(widgets.VBox):
             widgets.HTML("<b>Dataset</b>"), self.task_box, self.source_box, self.path_box, self.config_box,
             self.load_button, self.splits_info, self.preview,
             widgets.HBox([self.train_box, self.eval_box]),
-            self.label_columns, self.chat,
+            self.label_columns, self.chat, self.spans,
             widgets.HBox([self.fraction_box, self.seed_box]),
             self.check_button, self.distribution, self.chart, self.message,
         ], **kwargs)
@@ -405,8 +413,14 @@ class DatasetPicker(widgets.VBox):
         self.fraction_box.disabled = bool(eval_default)
         self._update_size()
         self.chat.set_rows(ds)
+        self.spans.set_rows(ds)
+        detected = data_checks.detect_task(ds)
         if find_chat_columns(ds):
             self.task = "causal_lm"  # chats and prompt/completion pairs have no label to ask for
+        elif detected in SPAN_TASKS:
+            self.task = detected  # words + tags, or question + context + answers
+        elif self.task in SPAN_TASKS:
+            self.task = "classification"
         self._show_chat()
         if self.task == "classification" and (not text_guess or not label_guess):
             self.message.value = note_html(
@@ -418,10 +432,11 @@ class DatasetPicker(widgets.VBox):
         """Load the current choice exactly as a run will (data.load_choice; for a causal LM the
         splits and the task's row check); show rows per split and the label counts."""
         self.message.value = ""
-        causal = self.task == "causal_lm"
+        causal, spans = self.task == "causal_lm", self.task in SPAN_TASKS
         try:
             choice = self.dataset_choice
-            self.checked = self.chat.check(choice) if causal else data.load_choice(choice)
+            self.checked = (self.chat.check(choice) if causal else self.spans.check(choice) if spans
+                            else data.load_choice(choice))
         except Exception as e:
             self.checked = None
             self.message.value = error_html(e)
@@ -430,8 +445,9 @@ class DatasetPicker(widgets.VBox):
                                              f"{choice.validation_fraction:.0%} of train, seed {choice.seed})")
         rows = "Rows: " + ", ".join(f"{s} {self.checked[s].num_rows:,}" for s in self.checked) + note
         self._update_size()
-        if causal:
-            self.distribution.value = note_html(rows + f"\nEvery row is a valid {self.chat.data_format} example.")
+        if causal or spans:
+            kind = self.chat.data_format if causal else self.task.replace("_", " ")
+            self.distribution.value = note_html(rows + f"\nEvery row is a valid {kind} example.")
             return True
         counts = data_checks.label_distribution(self.checked, choice.label_column)
         self.distribution.value = note_html(
@@ -473,13 +489,14 @@ class DatasetPicker(widgets.VBox):
     def dataset_choice(self) -> DatasetChoice:
         if not self.path.strip():
             raise WorkbenchError("no dataset given.", "type a file or folder path, or a hub name.")
-        if self.task == "causal_lm":
-            # A causal-LM run reads the columns named in its train section (train_fields) and
-            # ignores these two; text_columns records which columns those are for the reader.
+        if self.task == "causal_lm" or self.task in SPAN_TASKS:
+            # These runs read the columns named in their train section (train_fields) and ignore
+            # these two; text_columns records (the first two of) those columns for the reader.
+            columns = self.chat.columns if self.task == "causal_lm" else self.spans.columns[:2]
             return DatasetChoice(
                 source=self.source, path=self.path.strip(), config_name=self.config_name or None,
                 train_split=self.train_split or "train", eval_split=self.eval_split or None,
-                text_columns=self.chat.columns, validation_fraction=self.validation_fraction,
+                text_columns=columns or ("text",), validation_fraction=self.validation_fraction,
                 seed=self.seed)
         if not self.text_columns or not self.label_column:
             raise WorkbenchError("the text and label columns are not chosen.",
@@ -493,6 +510,8 @@ class DatasetPicker(widgets.VBox):
     @property
     def train_fields(self) -> dict[str, str]:
         """TrainConfig fields of this data choice: the causal-LM format and columns; {} for classification."""
+        if self.task in SPAN_TASKS:
+            return self.spans.train_fields
         return self.chat.train_fields if self.task == "causal_lm" else {}
 
     # -- events
@@ -511,14 +530,17 @@ class DatasetPicker(widgets.VBox):
         self.text_chars = cpu_time.mean_text_chars(ds, columns)
 
     def _on_task(self, change) -> None:
-        causal = change["new"] == "causal_lm"
-        self.label_columns.layout.display = "none" if causal else None
+        causal, spans = change["new"] == "causal_lm", change["new"] in SPAN_TASKS
+        self.label_columns.layout.display = "none" if causal or spans else None
         self.chat.layout.display = None if causal else "none"
-        self.check_button.description = "Check rows" if causal else "Check labels"
+        self.spans.layout.display = None if spans else "none"
+        self.check_button.description = "Check rows" if causal or spans else "Check labels"
         self.distribution.value, self.chart.value, self.checked = "", b"", None
+        if spans:
+            self.spans.task = change["new"]
         if causal:
             self._show_chat()
-        else:
+        elif not spans:
             self._on_columns(change)
 
     def _show_chat(self) -> None:
@@ -529,7 +551,7 @@ class DatasetPicker(widgets.VBox):
     def _on_columns(self, change) -> None:
         self.checked = None
         self.fraction_box.disabled = bool(self.eval_split)
-        if self.raw is None or not self.label_column or self.task == "causal_lm":
+        if self.raw is None or not self.label_column or self.task != "classification":
             return
         try:  # counts of the raw splits, cheap; the checked split comes with check()
             counts = data_checks.label_distribution(self.raw, self.label_column)
@@ -558,6 +580,9 @@ def papermill_command(spec: RunSpec, notebook: str = NOTEBOOK, output: str | Non
     if t.task == "causal_lm":  # the notebooks' parameters are a classifier's: a line would mislead
         return ("# papermill: the notebooks here fine-tune classifiers; run a causal LM with the"
                 " `workbench train` line above")
+    if t.task in SPAN_TASKS:
+        return ("# papermill: notebooks/08_ner_and_qa.ipynb runs NER and QA with its own parameters; run this"
+                " choice with the `workbench train` line above")
     params: list[tuple[str, Any]] = [("model_name", spec.model.name_or_path)]
     if d.source == "files":
         params.append(("data_files", d.path))
@@ -630,7 +655,7 @@ class Pickers(widgets.VBox):
 
         base = train or self.train
         causal = {"finetune": self.model.finetune, **self.dataset.train_fields} \
-            if self.model.task == "causal_lm" else {}
+            if self.model.task == "causal_lm" else dict(self.dataset.train_fields)
         base = replace(base, task=self.model.task, batch_size=self.model.batch_size,
                        max_length=self.model.seq_len, precision=self.model.precision,
                        gradient_checkpointing=self.model.gradient_checkpointing,
