@@ -46,7 +46,8 @@ def test_every_model_folder_of_a_lora_run_has_a_card_from_its_run(tiny_lora_run)
         assert record["data_fingerprint"] in body  # the data and its fingerprint
         assert str(record["data"]["path"]) in body
         assert "rank 4, alpha 8" in body  # LoRA settings
-        assert "| learning rate | 0.003" in body and "| precision | fp32 |" in body
+        assert "| learning rate | 0.003" in body
+        assert f"| precision | {record['precision']} ({record['precision_reason']}) |" in body
         assert "| training time |" in body and "| hardware | CPU" in body
         assert "| transformers |" in body and "| peft |" in body  # library versions
         assert "<|im_start|>" in body  # the chat template, in a fence
@@ -76,20 +77,28 @@ def test_results_compare_the_step_0_base_with_the_model_and_are_hub_eval_results
     assert loss["value"] == pytest.approx(final["eval_loss"], rel=1e-5)
 
 
-def test_fields_the_record_gains_later_appear_without_a_change_to_the_card(tiny_lora_run, tmp_path):
-    """Issues 27/28 add a verdict and a precision reason to the record and events: they must show."""
+def test_the_card_says_which_precision_ran_why_and_whether_the_run_learned(tiny_lora_run, tmp_path):
+    """The precision's reason (issue 28) in the training table, the verdict (issue 27) opening the results;
+    fields the record gains later still appear without a change to the card."""
     run = tmp_path / "run"
     shutil.copytree(tiny_lora_run, run, ignore=shutil.ignore_patterns("checkpoints", "tensorboard"))
     record = json.loads((run / "run.json").read_text())
-    record["precision_reason"] = "bf16 on this CPU: it has AMX"
+    record["precision"], record["precision_reason"] = "bf16", "auto: bf16, this CPU computes it natively (AMX)"
+    record["verdict"] = {"outcome": "no_better", "metric": "eval_loss",
+                         "text": "Learned nothing: eval_loss 2.31 against 2.30 for the base model."}
+    record["a_field_from_a_later_release"] = "shown as it is"
     (run / "run.json").write_text(json.dumps(record))
-    with (run / "events.jsonl").open("a") as f:
-        f.write(json.dumps({"kind": "end", "time": 1.0, "status": "completed", "step": 4, "metrics": {},
-                            "verdict": "better than the trivial baseline"}) + "\n")
-    path = cards.write_card(run / "model", run)
-    text = path.read_text()
-    assert "`precision_reason` | bf16 on this CPU: it has AMX" in text
-    assert "`end.verdict` | better than the trivial baseline" in text
+    _, body = _metadata(cards.write_card(run / "model", run))
+    assert "| precision | bf16 (auto: bf16, this CPU computes it natively (AMX)) |" in body
+    results = body.split("## Results on the held-out split", 1)[1].split("\n## ", 1)[0]
+    assert "**Warning.**" in results and "Learned nothing: eval_loss 2.31 against 2.30" in results
+    assert "`a_field_from_a_later_release` | shown as it is" in body
+    assert "`verdict`" not in body and "`precision_reason`" not in body  # shown once, in their sections
+    # A run that learned: the verdict without the warning.
+    record["verdict"] = {"outcome": "better", "metric": "eval_loss", "text": "Learned: eval_loss 1.2 against 2.3."}
+    (run / "run.json").write_text(json.dumps(record))
+    _, body = _metadata(cards.write_card(run / "model", run))
+    assert "Learned: eval_loss 1.2 against 2.3." in body and "**Warning.**" not in body
 
 
 def test_a_card_never_costs_the_model(tmp_path, monkeypatch):
@@ -120,3 +129,5 @@ def test_a_classifier_run_card_says_how_to_classify(tiny_bert, sentiment_data, t
     assert "pipeline(\"text-classification\"" in body
     assert "| labels | negative, positive |" in body
     assert "Chat template" not in body
+    verdict = json.loads((out / "run.json").read_text())["verdict"]
+    assert verdict["text"] in body  # the real run's verdict, whatever it was

@@ -47,8 +47,9 @@ def _warnings(result):
 
 
 def test_oom_halving_keeps_the_ner_loss_curve(no_dropout_bert, ner_folder, tmp_path, monkeypatch):
-    """Micro-batches are weighted by their labelled tokens (units): halved steps give the same losses."""
-    plain = _quick(no_dropout_bert, ner_folder, tmp_path / "plain")
+    """Micro-batches are weighted by their labelled tokens (units): halved steps give the same losses.
+    In fp32: under bf16 autocast (auto on a CPU that computes it) other batch shapes round differently."""
+    plain = _quick(no_dropout_bert, ner_folder, tmp_path / "plain", precision="fp32")
     original = train._optimizer_step
 
     def step_or_oom(run, batches, step):
@@ -57,7 +58,7 @@ def test_oom_halving_keeps_the_ner_loss_curve(no_dropout_bert, ner_folder, tmp_p
         return original(run, batches, step)
 
     monkeypatch.setattr(train, "_optimizer_step", step_or_oom)
-    halved = _quick(no_dropout_bert, ner_folder, tmp_path / "oom")
+    halved = _quick(no_dropout_bert, ner_folder, tmp_path / "oom", precision="fp32")
     assert [e["micro_batch_size"] for e in halved.history if e["kind"] == "train"] == [8, 2, 2, 2]
     losses = [[e["loss"] for e in r.history if e["kind"] == "train"] for r in (plain, halved)]
     assert losses[1] == pytest.approx(losses[0], abs=1e-5)
@@ -86,6 +87,20 @@ def test_bf16_autocast_on_cpu(tiny_span_bert, ner_folder, tmp_path):
     start = next(e for e in result.history if e["kind"] == "start")
     assert start["precision"] == "bf16" and result.status == "completed"
     assert all(isinstance(v, (int, float)) and v == v for v in result.metrics.values())  # no NaN
+
+
+def test_the_verdict_judges_span_tasks_against_a_model_that_learned_nothing(tiny_span_bert, ner_folder,
+                                                                           qa_folder, tmp_path):
+    """A tagger that tags every word O has entity F1 0: a run at that score learned nothing, says so and
+    keeps no best/; a QA run is judged against answering nothing (0 on SQuAD 1.1-style data)."""
+    ner = _quick(tiny_span_bert, ner_folder, tmp_path / "ner")  # 4 steps at 2e-3: collapses to O
+    assert ner.metrics["eval_f1"] == 0.0 and ner.metrics["eval_accuracy"] > 0.5
+    assert ner.verdict["outcome"] == "no_better" and ner.verdict["baseline"] == "tagging every word O"
+    assert ner.verdict["baseline_value"] == 0.0 and ner.best_checkpoint is None
+    assert "Learned nothing" in json.loads((tmp_path / "ner" / "run.json").read_text())["verdict"]["text"]
+    qa = _quick(tiny_span_bert, qa_folder, tmp_path / "qa", max_steps=2, doc_stride=16)
+    assert qa.verdict["baseline"] == "answering nothing" and qa.verdict["baseline_value"] == 0.0
+    assert qa.verdict["metric"] == "eval_f1" and qa.verdict["outcome"] != "unknown"
 
 
 def test_the_divergence_guard_knows_each_task_s_chance_level(tiny_span_bert, ner_folder, qa_folder):

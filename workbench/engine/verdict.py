@@ -9,6 +9,10 @@ with a baseline:
 - a classifier: the better, on that metric, of *chance* (a uniform guess) and the *majority
   class* of the training labels, both scored on the validation rows by the task
   (``Task.baselines``: ``tasks/metrics.py``'s ``trivial_baselines``);
+- a tagger (token classification): the better of chance (loss ln of the number of tags) and
+  tagging every word O (entity F1 0; word accuracy the share of O);
+- an extractive QA model: answering nothing (exact match and F1 0 on SQuAD 1.1-style data,
+  the share of unanswerable questions on 2.0-style data);
 - a language model: the base model's evaluation when it is known (the step-0 evaluation,
   ``eval_before_training=True``), else the run's first evaluation.
 

@@ -15,8 +15,8 @@ Hub reads (``base_model``, ``datasets``, ``tags``, ``eval_results`` as a ``model
 the task and dataset fields filled, or the Hub drops them) and a Markdown body. Nothing here
 calls the network: ``ModelCard.validate()`` posts the card to the Hub, so it is never called.
 
-Fields the run record or the events gain later (a precision reason, a verdict against a
-baseline...) appear by themselves in "Other facts of the run": the card lists every field
+The run's verdict (``engine/verdict.py``) opens the results, and the training table says which
+precision ran and why. Fields the run record or the events gain later appear by themselves in "Other facts of the run": the card lists every field
 it does not show elsewhere. A card must never cost a saved model: a failure to write one is a
 warning and a stub README that says why (``safe_write_card``).
 """
@@ -56,10 +56,12 @@ METHODS = {"classification": "fine-tuning (sequence classification)",
 _SHOWN_RECORD = {"config", "seed", "precision", "world_size", "environment", "argv", "model", "model_content",
                  "task", "finetune", "data_fingerprint", "data_format", "loss_on", "chat_template",
                  "parameters", "lora", "labels", "text_columns", "label_column", "data", "padding_free",
-                 "dropped_rows", "columns", "tag_scheme", "subword_labels", "doc_stride"}
+                 "dropped_rows", "columns", "tag_scheme", "subword_labels", "doc_stride",
+                 "precision_reason", "verdict"}
 _SHOWN_START = {"kind", "time", "model", "total_steps", "num_epochs", "config", "world_size", "precision",
+                "precision_reason",
                 "device", "resumed_from_step", "label_names", "run_id", "pid", "host"}
-_SHOWN_END = {"kind", "time", "status", "step", "metrics"}
+_SHOWN_END = {"kind", "time", "status", "step", "metrics", "verdict"}
 
 
 # ----------------------------------------------------------------------------- reading the run
@@ -134,7 +136,7 @@ def build_card(folder: str | os.PathLike, run_dir: str | os.PathLike | None = No
         _usage(Path(location) if location else folder, kind, task, adapter, base, export),
         _export_section(export) if export else "",
         _training_section(record, config, data, run, starts, task),
-        _results_section(run, kind, extra, step0, ends),
+        _results_section(run, kind, extra, step0, ends, record),
         _benchmarks_section(benchmarks),
         _template_section(folder, record, config) if causal else "",
         _software_section(record),
@@ -272,7 +274,7 @@ def _training_section(record, config, data, run, starts, task) -> str:
          if record.get("doc_stride") else None),
         ("loss on", record.get("loss_on")),
         ("system prompt", repr(config.get("system_prompt")) if config.get("system_prompt") else None),
-        ("precision", record.get("precision") or (starts[-1].get("precision") if starts else None)),
+        ("precision", _precision(record, starts)),
         ("epochs / steps", f"{config.get('num_epochs')} epochs" + (f", max_steps {config['max_steps']}"
                                                                    if config.get("max_steps") else "")
          + (f"; {run.step} of {run.total_steps} steps done" if run.total_steps else "")),
@@ -290,8 +292,22 @@ def _training_section(record, config, data, run, starts, task) -> str:
     return "## Training\n\n" + _table(("", ""), [(k, v) for k, v in rows if v not in (None, "")])
 
 
-def _results_section(run, kind, extra, step0, ends) -> str:
+def _precision(record: dict, starts: list[dict]) -> str | None:
+    """"bf16 (auto: bf16, this CPU computes it natively)": what ran, and why when the run said."""
+    start = starts[-1] if starts else {}
+    ran = record.get("precision") or start.get("precision")
+    reason = record.get("precision_reason") or start.get("precision_reason")
+    return f"{ran} ({reason})" if ran and isinstance(reason, str) and reason else ran
+
+
+def _results_section(run, kind, extra, step0, ends, record) -> str:
     lines = ["## Results on the held-out split", ""]
+    # Did the run learn anything (engine/verdict.py)? Said first: a card must not sell a run that did not.
+    verdict = record.get("verdict") or next((e["verdict"] for e in reversed(ends) if e.get("verdict")), None)
+    if isinstance(verdict, dict) and verdict.get("text"):
+        warn = verdict.get("outcome") in ("no_better", "worse")
+        lines += [f"{'**Warning.** ' if warn else ''}Verdict of the run (its final evaluation against a model "
+                  f"that learned nothing): {verdict['text']}", ""]
     shown = (extra or {}).get("metrics") if kind == "best" else run.metrics
     if kind == "best" and extra:
         lines.append(f"This is the model of step {extra.get('step')} (the best by "

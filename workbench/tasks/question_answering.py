@@ -213,6 +213,20 @@ class QuestionAnsweringTask(FullWeights):
                                version_2=self.version_2)
         return {"eval_loss": loss.double().mean().item(), **scores}
 
+    def baselines(self, outputs: list[tuple[torch.Tensor, ...]]) -> dict:
+        """What a reader that learned nothing scores on these questions (the verdict's bar,
+        engine/verdict.py): answering nothing, scored as the SQuAD scripts score it (0 on SQuAD
+        1.1 data; the share of unanswerable questions on 2.0 data)."""
+        feature = torch.cat([parts[1] for parts in outputs]).tolist()
+        rows = sorted({self.eval_windows.example[f] for f in feature})
+        references = [list(self.examples["validation"]["answers"][r]["text"]) for r in rows]
+        if not rows:
+            return {}
+        scores = squad_metrics([""] * len(rows), references, version_2=self.version_2)
+        return {"rows": len(rows), "baselines": [
+            {"name": "answering nothing", "detail": "an empty answer to every question",
+             "metrics": {k: scores[k] for k in ("eval_exact_match", "eval_f1")}}]}
+
     # -- saving ---------------------------------------------------------------------
     def save_model(self, model, tokenizer, directory: Path, state_dict: dict | None = None) -> None:
         """The model, its tokenizer, and the pipeline that reads it (transformers 5 has none of its own):

@@ -14,6 +14,7 @@ word from the first sub-word's prediction, whatever ``subword_labels`` trains on
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -213,6 +214,21 @@ class TokenClassificationTask(FullWeights):
                             for r, g, p in zip(rows, gold, predictions, strict=True)]
         loss = (summed.double().sum() / counts.sum().clamp(min=1)).item()
         return {"eval_loss": loss, **entity_metrics(gold, predictions)}
+
+    def baselines(self, outputs: list[tuple[torch.Tensor, ...]]) -> dict:
+        """What a tagger that learned nothing scores on these sentences (the verdict's bar,
+        engine/verdict.py): every word tagged O (entity F1 0, word accuracy = the share of O),
+        and chance's loss, ln of the number of tags."""
+        rows = sorted({int(r) for r in torch.cat([parts[2] for parts in outputs]).tolist()})
+        gold = [self.tags["validation"][r] for r in rows]
+        found = [{"name": "chance", "detail": f"a uniform guess over {len(self.mapping.names)} tags",
+                  "metrics": {"eval_loss": math.log(max(len(self.mapping.names), 1))}}]
+        if "O" in self.mapping.names and gold:
+            scores = entity_metrics(gold, [["O"] * len(tags) for tags in gold])
+            found.append({"name": "tagging every word O", "detail": "no entity found",
+                          "metrics": {k: scores[k] for k in ("eval_precision", "eval_recall", "eval_f1",
+                                                               "eval_accuracy")}})
+        return {"rows": len(rows), "baselines": found}
 
     def word_predictions(self, rows: list[int], predicted: list[list[int]]) -> tuple[list[list[str]], list[list[str]]]:
         """(gold tags, predicted tags) per eval sentence, in the rows' order: each word's prediction
