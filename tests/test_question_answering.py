@@ -166,8 +166,12 @@ def test_a_question_that_leaves_no_room_for_the_context(tiny_span_bert, tmp_path
 @pytest.mark.slow  # 36 s on two quiet cores (72 MiniLM steps of 8 windows), several times that on busy ones
 def test_minilm_learns_to_answer_and_reloads_with_the_pipeline(minilm, qa_folder, tmp_path):
     out = tmp_path / "run"
+    # fp32: the budget is tight, and bf16 (what auto picks on a CPU with bf16 instructions) learns a
+    # step or two behind early on (docs/training.md): F1 0.76 here after the same 72 steps. Notebook 08
+    # trains QA under auto.
     result = fit(str(minilm), str(qa_folder), output_dir=str(out), progress="none", num_workers=0,
-                 num_epochs=2, batch_size=8, learning_rate=3e-4, max_length=48, doc_stride=16)
+                 num_epochs=2, batch_size=8, learning_rate=3e-4, max_length=48, doc_stride=16,
+                 precision="fp32")
     assert result.status == "completed"
     start = json.loads((out / "events.jsonl").read_text().splitlines()[0])
     assert start["config"]["task"] == "question_answering"  # picked from the SQuAD files

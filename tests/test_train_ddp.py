@@ -17,6 +17,7 @@ from workbench.sources.synthetic import write_csv
 # (taken where the engine saves the final model, which every rank reaches).
 HASHING_LAUNCHER = r'''
 import hashlib, os, sys
+import torch
 from pathlib import Path
 import workbench.engine.train as engine
 from workbench.cli import main
@@ -28,7 +29,7 @@ def save_model_and_hash(run, directory, extra=None):
         digest = hashlib.sha256()
         for name, tensor in sorted(run.accelerator.unwrap_model(run.model).state_dict().items()):
             digest.update(name.encode())
-            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())  # bf16 too
         hashes.mkdir(parents=True, exist_ok=True)
         (hashes / f"rank{run.accelerator.process_index}.sha256").write_text(digest.hexdigest())
     return original(run, directory, extra)
