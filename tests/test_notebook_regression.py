@@ -8,11 +8,11 @@ all four fixture notebooks (two at a time); three more runs cover
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
 import subprocess
-import importlib
 import sys
 import time
 from dataclasses import dataclass
