@@ -16,7 +16,7 @@ the folder into place and fsyncs the parent. A crash or ``kill -9`` at any momen
 leaves either the previous checkpoints untouched or a dot-folder that is never
 chosen: only folders whose manifest matches their files count as valid.
 
-Why one module of ~500 lines: writing, checking and resuming a checkpoint share its layout
+Why one module of ~560 lines: writing, checking and resuming a checkpoint share its layout
 and its atomic-folder rules; the final and best model folders use the same writer.
 """
 

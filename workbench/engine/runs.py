@@ -26,6 +26,10 @@ the last of each part of the run and a sample of 15 (the median throughput) are 
 The curves of a run (``Run.history()``) read the whole log, for the runs one looks at.
 
 No torch here, and no view: ``workbench.widgets.runs`` is the notebook table.
+
+Why ~590 lines: reading one run folder (status, lock, verdict, precision, the fast log scan)
+and the table over many share the ``Run`` record. The next split: ``read_run`` and its log
+scan (``_read_log`` to ``_model_from_checkpoint``) into ``run_folder.py``, the table and CLI staying here.
 """
 
 from __future__ import annotations

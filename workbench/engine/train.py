@@ -8,6 +8,10 @@ precision, checkpoints, out-of-memory handling, distribution and signals are eac
 a module beside this one. Views are listeners on the event log (``listeners=``): no
 notebook front end is imported here, so it runs the same under torchrun, papermill and
 CI; ``workbench.fit`` (``workbench.frontend``) attaches the view for where it runs.
+
+Why ~560 lines: the loop is meant to read top to bottom in one file (set-up, step,
+evaluation, save, finish), as nanoGPT's does; everything that is not the loop's own order
+already lives beside it. The next split: ``_prepare`` (building the run) into ``setup.py``.
 """
 
 from __future__ import annotations

@@ -16,9 +16,14 @@ the task and dataset fields filled, or the Hub drops them) and a Markdown body. 
 calls the network: ``ModelCard.validate()`` posts the card to the Hub, so it is never called.
 
 The run's verdict (``engine/verdict.py``) opens the results, and the training table says which
-precision ran and why. Fields the run record or the events gain later appear by themselves in "Other facts of the run": the card lists every field
-it does not show elsewhere. A card must never cost a saved model: a failure to write one is a
-warning and a stub README that says why (``safe_write_card``).
+precision ran and why. Fields the run record or the events gain later appear by themselves in
+"Other facts of the run": the card lists every field it does not show elsewhere. A card must
+never cost a saved model: a failure to write one is a warning and a stub README that says why
+(``safe_write_card``).
+
+Why ~510 lines: one section function per part of the card, read in the card's order. The next
+split: the Hub metadata (``_training_eval_results``, ``_benchmark_eval_results``) into
+``card_metadata.py``.
 """
 
 from __future__ import annotations

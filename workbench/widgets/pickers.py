@@ -19,7 +19,7 @@ The HTML pieces are in workbench.widgets.html_blocks. Here: the controls, the ev
 Without a GPU the model picker also estimates the time per epoch on this CPU, in the
 precision "auto" picks here (``workbench.sources.cpu_time``), from the dataset picker's rows.
 
-Why ~650 lines: two pickers and the combined one, each one class, share the export. The next
+Why ~690 lines: two pickers and the combined one, each one class, share the export. The next
 split: DatasetPicker (with its task views) into a module of its own, the export beside it.
 """
 
