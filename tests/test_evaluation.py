@@ -209,3 +209,30 @@ def test_the_cli_prints_the_table(local_tasks, tiny_llama_dir, capsys):
                  "--limit", "2", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "workbench evaluate: [1/1] tiny on colors_mc" in out and "colors_mc/acc" in out and "limit 2" in out
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="the harness's commit probe runs git")
+def test_the_harness_commit_probe_says_nothing_outside_a_repository(tmp_path, monkeypatch, capfd):
+    """The harness records the working folder's commit with ``git describe`` and lets git's "fatal: not
+    a git repository" through to the cell (from /workspace in the image: every evaluation)."""
+    import subprocess
+
+    import lm_eval.evaluator
+
+    from workbench.evaluation.progress import quiet_libraries
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # never inside a repository above
+    lm_eval.evaluator.get_git_commit_hash()
+    assert "not a git repository" in capfd.readouterr().err  # the harness's own probe, as a cell showed it
+    with quiet_libraries():
+        assert lm_eval.evaluator.get_git_commit_hash() is None
+    assert capfd.readouterr().err == ""
+    # In a repository it still records the commit, as the harness does.
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    with quiet_libraries():
+        assert lm_eval.evaluator.get_git_commit_hash() == head
+    assert lm_eval.evaluator.get_git_commit_hash() == head  # the harness's own probe is back, same answer

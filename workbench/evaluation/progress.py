@@ -90,11 +90,37 @@ def harness_progress(emit: Callable[[dict], None]):
             module.tqdm = original
 
 
+def _quiet_git_commit_hash() -> str | None:
+    """lm_eval's ``get_git_commit_hash`` without git's complaint on the cell's output.
+
+    The harness records the working folder's commit with ``git describe`` and lets git's stderr
+    through: from a folder that is no repository (``/workspace`` in the image, most notebook
+    folders) every evaluation printed ``fatal: not a git repository``, which reads like an error.
+    The same answer: the commit, else what the harness's fallback reads from the folder.
+    """
+    import os
+    import subprocess
+
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10)
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return get_commit_from_path(os.getcwd())
+
+
 @contextlib.contextmanager
 def quiet_libraries():
-    """No INFO logs from the harness and no download / loading bars while it runs (put back after)."""
+    """No INFO logs from the harness, no git complaint and no download / loading bars while it runs (put
+    back after)."""
+    import lm_eval.evaluator
     from transformers.utils import logging as hf_logging
 
+    git_hash = lm_eval.evaluator.get_git_commit_hash  # imported by name into the evaluator: patched there
+    lm_eval.evaluator.get_git_commit_hash = _quiet_git_commit_hash
     harness_log = logging.getLogger("lm_eval")
     level = harness_log.level
     harness_log.setLevel(logging.WARNING)
@@ -111,6 +137,7 @@ def quiet_libraries():
     try:
         yield
     finally:
+        lm_eval.evaluator.get_git_commit_hash = git_hash
         harness_log.setLevel(level)
         if bars:
             hf_logging.enable_progress_bar()
