@@ -36,7 +36,7 @@ _EXPORTS = {
     "record": "workbench.notebook_regression.record",
     "regress": "workbench.notebook_regression.run",
     "model_picker": "workbench.widgets.pickers",
-    "dataset_picker": "workbench.widgets.pickers",
+    "dataset_picker": "workbench.widgets.dataset_picker",
     "pickers": "workbench.widgets.pickers",
     "GPUPanel": "workbench.widgets.gpu_panel",
     "estimate_vram": "workbench.sources.vram",
