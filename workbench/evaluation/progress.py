@@ -119,8 +119,10 @@ def quiet_libraries():
     import lm_eval.evaluator
     from transformers.utils import logging as hf_logging
 
-    git_hash = lm_eval.evaluator.get_git_commit_hash  # imported by name into the evaluator: patched there
-    lm_eval.evaluator.get_git_commit_hash = _quiet_git_commit_hash
+    # Imported by name into the evaluator, so patched there; a harness without it is left as it is.
+    git_hash = getattr(lm_eval.evaluator, "get_git_commit_hash", None)
+    if git_hash is not None:
+        lm_eval.evaluator.get_git_commit_hash = _quiet_git_commit_hash
     harness_log = logging.getLogger("lm_eval")
     level = harness_log.level
     harness_log.setLevel(logging.WARNING)
@@ -137,7 +139,8 @@ def quiet_libraries():
     try:
         yield
     finally:
-        lm_eval.evaluator.get_git_commit_hash = git_hash
+        if git_hash is not None:
+            lm_eval.evaluator.get_git_commit_hash = git_hash
         harness_log.setLevel(level)
         if bars:
             hf_logging.enable_progress_bar()
