@@ -27,7 +27,7 @@ Devices and the NVML status are ``workbench.gpu`` objects (``DeviceInfo``, ``Nvm
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from workbench.diagnostics.report import ERROR, OK, WARN, CheckResult
@@ -150,6 +150,8 @@ def check_driver(status: Any, torch_cuda: str | None, cuda_available: bool = Fal
 
 def _arch_code(entry: str) -> tuple[str, int, str] | None:
     """"sm_86" -> ("sm", 86, ""); "compute_90" -> ("compute", 90, ""); "sm_90a" -> ("sm", 90, "a")."""
+    if not isinstance(entry, str):  # an arch list of another shape: not an entry we can read
+        return None
     match = re.fullmatch(r"(sm|compute)_(\d+)([af]?)", entry.strip())
     if not match:
         return None
@@ -182,14 +184,16 @@ def _release_suggestion(cc: tuple[int, int], release_archs: Mapping[str, Sequenc
     device = cc[0] * 10 + cc[1]
     good = [
         cuda for cuda, codes in release_archs.items()
-        if any(arch_coverage(cc, [f"sm_{c}"])[0] == "sass" for c in codes)
+        # a table of another shape (a caller's own, not read_release_table's) suggests nothing
+        if isinstance(codes, Iterable) and not isinstance(codes, (str, bytes))
+        and any(arch_coverage(cc, [f"sm_{c}"])[0] == "sass" for c in codes)
     ]
     sm = f"sm_{device}"
     if good:
         base = (torch_version or "").split("+")[0]
         pin = f"=={base}" if base else ""
-        tags = ", ".join(f"cu{c.replace('.', '')}" for c in good)
-        first = good[0].replace(".", "")
+        tags = ", ".join(f"cu{str(c).replace('.', '')}" for c in good)
+        first = str(good[0]).replace(".", "")
         return (
             f"Install a torch build whose arch list includes {sm}: this release's {tags} wheels do, "
             f"e.g. pip install torch{pin} --index-url https://download.pytorch.org/whl/cu{first}."

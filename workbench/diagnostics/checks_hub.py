@@ -24,7 +24,7 @@ def check_hub_cache(h: HubFacts) -> CheckResult:
             name, WARN, f"the Hugging Face cache {h.hub_cache} is not writable ({c.write_error}): "
             "downloads will fail.", "Point HF_HOME at a writable directory, e.g. export HF_HOME=$PWD/.hf",
         )
-    message = f"cache {h.hub_cache} (HF_HOME={h.home})"
+    message = f"cache {h.hub_cache or 'unknown'} (HF_HOME={h.home or 'unknown'})"
     if c is not None and c.mount and c.mount.mount_point == "/" and c.container:
         return CheckResult(
             name, OK, message + "; inside the container's filesystem, so models are downloaded "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,7 @@ from workbench.diagnostics.facts import (
     gather_torch,
 )
 from workbench.diagnostics.mounts import _read_text, gather_container, parse_mountinfo
-from workbench.diagnostics.report import CheckResult, DoctorReport
+from workbench.diagnostics.report import WARN, CheckResult, DoctorReport
 
 
 def _plain(obj: Any) -> Any:
@@ -110,35 +110,51 @@ def gather_facts(
     )
 
 
+def _checked(name: str, check: Callable[..., CheckResult], *args: Any, **kwargs: Any) -> CheckResult:
+    """Run one check; a check that raises on facts it did not expect becomes a warning row
+    named ``name``, so one odd fact costs its own row and never the whole report."""
+    try:
+        return check(*args, **kwargs)
+    except Exception as exc:
+        return CheckResult(
+            name, WARN, f"could not be checked: {check.__name__} raised {type(exc).__name__}: {exc}",
+            "Report this at the workbench issue tracker with `workbench doctor --json`; the other "
+            "rows still hold.",
+        )
+
+
 def build_report(facts: DoctorFacts, *, check_network: bool = True) -> DoctorReport:
     """Run every check on the facts (only the hub probe touches the network)."""
     f = facts
-    results: list[tuple[str, CheckResult]] = [("python", check_python(f.python.version))]
+    results: list[tuple[str, CheckResult]] = [("python", _checked("python", check_python, f.python.version))]
     for pkg, minimum in REQUIRED_PACKAGES.items():
-        results.append(("python", check_package(pkg, f.python.packages.get(pkg), minimum)))
-    results.append(("torch", check_torch_build(f.torch)))
-    results.append(("torch", check_cuda_available(f.torch, f.nvml)))
-    results.append(("gpu", check_driver(f.nvml, f.torch.cuda_build, f.torch.cuda_available)))
+        results.append(("python", _checked(pkg, check_package, pkg, f.python.packages.get(pkg), minimum)))
+    results.append(("torch", _checked("torch build", check_torch_build, f.torch)))
+    results.append(("torch", _checked("torch.cuda", check_cuda_available, f.torch, f.nvml)))
+    results.append(("gpu", _checked("nvidia driver", check_driver, f.nvml, f.torch.cuda_build,
+                                    f.torch.cuda_available)))
     for device in (d for d in f.gpus if not d.is_mig):
-        results.append(("gpu", check_gpu_arch(
-            device, f.torch.arch_list, cuda_build=f.torch.cuda_build,
+        gpu = f"gpu {getattr(device, 'index', '?')}"
+        results.append(("gpu", _checked(
+            gpu, check_gpu_arch, device, f.torch.arch_list, cuda_build=f.torch.cuda_build,
             release_archs=f.torch.release_archs, torch_version=f.torch.version,
         )))
         if not device.error:
             slices = [d for d in f.gpus if d.is_mig and d.index == device.index]
-            results.append(("gpu", check_bf16(device)))
-            results.append(("gpu", check_mig(device, slices)))
-    results.append(("system", check_cpu_bf16(f.cpu, f.torch.cuda_available)))
-    results.append(("system", check_shm(f.shm)))
-    results.append(("storage", check_output_writable(f.output_dir)))
-    results.append(("storage", check_output_space(f.output_dir)))
-    results.append(("storage", check_output_volume(f.output_dir)))
-    results.append(("huggingface", check_hub_cache(f.hub)))
+            results.append(("gpu", _checked(f"{gpu} bf16", check_bf16, device)))
+            results.append(("gpu", _checked(f"{gpu} MIG", check_mig, device, slices)))
+    results.append(("system", _checked("cpu bf16", check_cpu_bf16, f.cpu, f.torch.cuda_available)))
+    results.append(("system", _checked("shared memory", check_shm, f.shm)))
+    results.append(("storage", _checked("output dir", check_output_writable, f.output_dir)))
+    results.append(("storage", _checked("output free space", check_output_space, f.output_dir)))
+    results.append(("storage", _checked("output volume", check_output_volume, f.output_dir)))
+    results.append(("huggingface", _checked("hf cache", check_hub_cache, f.hub)))
     if f.hub.installed:
-        results.append(("huggingface", check_hub_offline(f.hub)))
+        results.append(("huggingface", _checked("hf offline", check_hub_offline, f.hub)))
         if check_network:
-            results.append(("huggingface", check_hub_reachable(f.hub.endpoint, f.hub.offline)))
-    results.append(("jupyter", check_jupyter(f.jupyter)))
+            results.append(("huggingface", _checked("hf hub reachable", check_hub_reachable,
+                                                    f.hub.endpoint, f.hub.offline)))
+    results.append(("jupyter", _checked("jupyter auth", check_jupyter, f.jupyter)))
     for section, result in results:
         result.section = section
     plain = {

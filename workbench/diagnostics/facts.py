@@ -5,6 +5,12 @@ Every ``gather_*()`` returns a plain dataclass and never raises for a missing GP
 package: the absence is a fact, and the checks turn it into advice. torch, huggingface_hub and
 jupyter_server are imported inside the functions so ``workbench doctor`` starts fast and still
 reports when one of them is broken.
+
+Every value read from a library is read defensively: pyproject allows torch >= 2.4, and the
+attributes the doctor reads change shape between releases (``PYTORCH_RELEASES_CODE_CC`` is
+``{cuda: set}`` in torch 2.11, ``{cuda: {host: set}}`` in 2.13). A value of a shape we do not
+know becomes "unknown" (None, an empty list or table, with a note saying what was seen), never a
+traceback: the doctor is what a user runs when the environment is already odd.
 """
 
 from __future__ import annotations
@@ -63,10 +69,73 @@ class TorchFacts:
     arch_list: list[str] = field(default_factory=list)  # torch.cuda.get_arch_list()
     # CUDA version -> compute capabilities that torch's published wheels of that CUDA ship
     release_archs: dict[str, list[int]] = field(default_factory=dict)
+    # why release_archs is empty or partial ("unknown: ... had an unexpected shape"); None when read
+    release_archs_note: str | None = None
+
+
+def _text(value: Any) -> str | None:
+    """A version-like value as text; None for None, empty or something that is no scalar."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (str, int, float)):
+        return str(value).strip() or None
+    return None
+
+
+def _shape(value: Any) -> str:
+    return type(value).__name__
+
+
+def _code(value: Any) -> int | None:
+    """A compute capability code as torch's tables write it (90 for sm_90): an int or "90"."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if isinstance(value, str):
+        digits = value.strip().removeprefix("sm_")
+        return int(digits) if digits.isdigit() and int(digits) > 0 else None
+    return None
+
+
+def read_release_table(table: Any, host: str) -> tuple[dict[str, list[int]], str | None]:
+    """``torch.cuda.PYTORCH_RELEASES_CODE_CC`` as {cuda: sorted codes} for ``host``, and a note.
+
+    Shapes known: ``{cuda: {host: set}}`` (torch 2.13), ``{cuda: set}`` (torch 2.11, one table for
+    every host). Anything else -- the table missing, None, a list, a CUDA entry of another shape,
+    codes that are no numbers -- is left out, and the note says what was seen, so the report can
+    say "unknown" instead of the doctor raising.
+    """
+    if table is None:
+        return {}, "unknown: this torch has no PYTORCH_RELEASES_CODE_CC table"
+    if not isinstance(table, Mapping):
+        return {}, f"unknown: PYTORCH_RELEASES_CODE_CC is a {_shape(table)}, not a table"
+    archs: dict[str, list[int]] = {}
+    skipped: list[str] = []
+    for cuda, entry in table.items():
+        version = _text(cuda)
+        if isinstance(entry, Mapping):  # torch 2.13: per host
+            entry = entry.get(host, ())
+        if version is None or isinstance(entry, (str, bytes)) or not isinstance(entry, Iterable):
+            skipped.append(f"{cuda!r}: {_shape(entry)}")
+            continue
+        try:
+            codes = sorted({c for c in (_code(v) for v in entry) if c is not None})
+        except Exception as exc:  # an iterable that fails while read
+            skipped.append(f"{cuda!r}: {type(exc).__name__}")
+            continue
+        if codes:
+            archs[version] = codes
+    note = None
+    if skipped:
+        note = f"unknown for {', '.join(skipped)}: an unexpected shape in PYTORCH_RELEASES_CODE_CC"
+    elif not archs:
+        note = "unknown: PYTORCH_RELEASES_CODE_CC lists no compute capability for this host"
+    return archs, note
 
 
 def _format_cudnn(v: int | None) -> str | None:
-    if not v:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         return None
     if v >= 90000:  # cuDNN 9 encodes major*10000 + minor*100 + patch
         return f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
@@ -78,9 +147,13 @@ def gather_torch() -> TorchFacts:
         import torch
     except Exception as exc:  # not installed, or a broken build (missing .so)
         return TorchFacts(import_error=f"{type(exc).__name__}: {exc}")
+    try:
+        cuda_build = _text(torch.version.cuda)
+    except Exception:  # no torch.version module in an odd build
+        cuda_build = None
     facts = TorchFacts(
-        version=torch.__version__,
-        cuda_build=torch.version.cuda,
+        version=_text(getattr(torch, "__version__", None)) or "unknown",
+        cuda_build=cuda_build,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
     # torch explains a failed CUDA start (driver too old, ...) only as a warning.
@@ -88,13 +161,14 @@ def gather_torch() -> TorchFacts:
         warnings.simplefilter("always")
         try:
             facts.cuda_available = bool(torch.cuda.is_available())
-            facts.device_count = torch.cuda.device_count() if facts.cuda_available else 0
+            facts.device_count = int(torch.cuda.device_count()) if facts.cuda_available else 0
         except Exception as exc:
             facts.cuda_error = f"{type(exc).__name__}: {exc}"
     if not facts.cuda_available and not facts.cuda_error and caught:
         facts.cuda_error = " ".join(str(caught[-1].message).split())
     try:
-        facts.arch_list = list(torch.cuda.get_arch_list())
+        # only text entries: the arch check parses "sm_90" / "compute_90" and nothing else
+        facts.arch_list = [a for a in torch.cuda.get_arch_list() if isinstance(a, str)]
     except Exception:
         facts.arch_list = []
     try:
@@ -103,15 +177,25 @@ def gather_torch() -> TorchFacts:
         facts.cudnn = None
     if facts.cuda_build:
         try:
-            facts.nccl = ".".join(str(p) for p in torch.cuda.nccl.version())
+            facts.nccl = _format_nccl(torch.cuda.nccl.version())
         except Exception:  # built without NCCL
             facts.nccl = None
     host = "aarch64" if platform.machine().lower() == "aarch64" else "x86_64"
-    releases = getattr(torch.cuda, "PYTORCH_RELEASES_CODE_CC", {}) or {}
-    facts.release_archs = {
-        cuda: sorted(by_arch.get(host, ())) for cuda, by_arch in releases.items()
-    }
+    try:
+        table = getattr(torch.cuda, "PYTORCH_RELEASES_CODE_CC", None)
+    except Exception:  # a lazy attribute that fails to load
+        table = None
+    facts.release_archs, facts.release_archs_note = read_release_table(table, host)
     return facts
+
+
+def _format_nccl(v: Any) -> str | None:
+    """(2, 27, 5) in torch >= 1.13; an int such as 2708 (major*1000 + minor*100 + patch) before."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v // 1000}.{v % 1000 // 100}.{v % 100}" if v > 0 else None
+    if isinstance(v, (tuple, list)) and v and all(isinstance(p, int) for p in v):
+        return ".".join(str(p) for p in v)
+    return None
 
 
 @dataclass
@@ -233,13 +317,15 @@ def gather_hub(mounts: Sequence[MountEntry], container: str | None) -> HubFacts:
         from huggingface_hub import constants
     except Exception:
         return HubFacts(installed=False)
+    # constants renamed or removed in a later huggingface_hub are "unknown", not an AttributeError
+    hub_cache = _text(getattr(constants, "HF_HUB_CACHE", None))
     return HubFacts(
         installed=True,
-        home=constants.HF_HOME,
-        hub_cache=constants.HF_HUB_CACHE,
-        offline=bool(constants.HF_HUB_OFFLINE),
-        endpoint=constants.ENDPOINT,
-        cache=gather_dir(constants.HF_HUB_CACHE, mounts, container),
+        home=_text(getattr(constants, "HF_HOME", None)),
+        hub_cache=hub_cache,
+        offline=bool(getattr(constants, "HF_HUB_OFFLINE", False)),
+        endpoint=_text(getattr(constants, "ENDPOINT", None)),
+        cache=gather_dir(hub_cache, mounts, container) if hub_cache else None,
     )
 
 
