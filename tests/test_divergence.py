@@ -4,8 +4,8 @@ Healthy: a fresh classifier; a fine-tuned one continued on a shifted domain and 
 labels (each with an easy first batch, loss ~0.03, that the old rule took for the start);
 noisy labels from scratch; batch size 1; warm-up to a high but workable rate; 20 labels;
 a LoRA run shorter than the guard's window. Ruined: a classifier at learning rate 1, a LoRA
-run at 0.1. Every run is tiny (tiny BERT / tiny Llama, at most 100 steps; ~25 s of CPU for
-the set). Each prints its figures (``-s``): peak loss against the bound, steps, verdict.
+run at 1 (rates far past the edge, so the outcome holds on any CPU's rounding). Every run is
+tiny (tiny BERT / tiny Llama, at most 100 steps; ~25 s of CPU for the set). Each prints its figures (``-s``): peak loss against the bound, steps, verdict.
 """
 
 from __future__ import annotations
@@ -188,10 +188,15 @@ def test_a_classifier_at_learning_rate_1_is_stopped(tiny_bert, tmp_path):
     assert f["steps"] <= 6 and "try the default, 2e-05" in str(err)
 
 
-def test_lora_at_0_1_is_stopped(trained_tiny_llama, tmp_path):
-    f, err = _ruined("lora-rate-0.1", trained_tiny_llama, make_chat_dataset(48, 16, seed=7), tmp_path, max_steps=12,
-                     **{**LORA, "learning_rate": 0.1, "lora_r": 16, "lora_alpha": 32})
-    assert f["steps"] <= 8 and f["peak"] > 1.5 * f["start"]
+def test_lora_at_rate_1_is_stopped(trained_tiny_llama, tmp_path):
+    """Ruined by arithmetic, not by rounding: Adam's first step moves every LoRA B entry by about
+    the rate whatever the gradient's size, so at 1.0 each adapted weight gains a product of
+    entries of +-1 (x alpha/r = 2), far larger than the weights themselves. At 0.1 the run was
+    borderline (training losses of 2.5-3.5 against a bound of 2.14 here) and learned instead on
+    an Intel AMX CPU; at 1.0 it sits at 6-17 under fp32 or bf16 and any data seed tried."""
+    f, err = _ruined("lora-rate-1", trained_tiny_llama, make_chat_dataset(48, 16, seed=7), tmp_path, max_steps=12,
+                     **{**LORA, "learning_rate": 1.0, "lora_r": 16, "lora_alpha": 32})
+    assert f["steps"] <= 8 and f["peak"] > 2 * f["bound"]
     assert "try the default, 0.0002" in str(err)
 
 

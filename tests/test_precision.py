@@ -4,18 +4,21 @@ bf16 (described by their flags, so every CPU is tested on any CPU); bf16 autocas
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 
 from workbench.engine import precision as precision_module
 from workbench.engine.precision import (
+    CPU_BF16_ENV,
     CpuBf16,
     DeviceFacts,
     accelerate_mixed_precision,
     choose_precision,
     cpu_bf16,
     detect_cpu_bf16,
+    detected_cpu_bf16,
     device_facts,
     proc_cpuinfo_flags,
     resolve_precision,
@@ -103,15 +106,40 @@ def test_a_torch_without_get_capabilities_reads_proc_cpuinfo(monkeypatch):
     assert precision_module.cpu_flags() == proc_cpuinfo_flags()
 
 
-def test_cpu_answer_is_cached_per_process():
+def test_cpu_answer_is_cached_per_process(monkeypatch):
+    monkeypatch.delenv(CPU_BF16_ENV, raising=False)
     assert cpu_bf16() is cpu_bf16()
-    assert cpu_bf16.cache_info().hits >= 1
+    assert detected_cpu_bf16.cache_info().hits >= 1
+
+
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_the_environment_can_turn_cpu_bf16_off_so_auto_is_fp32(monkeypatch, value):
+    """WORKBENCH_CPU_BF16=0: auto trains CPU runs in fp32 on any CPU, as on one without
+    AVX512-BF16 or AMX, so the suite can be run both ways on one machine."""
+    monkeypatch.setenv(CPU_BF16_ENV, value)
+    found = cpu_bf16()
+    assert not found.native and f"{CPU_BF16_ENV}={value}" in found.evidence
+    if not torch.cuda.is_available():
+        choice = choose_precision("auto", device_facts())
+        assert choice.precision == "fp32" and CPU_BF16_ENV in choice.reason
+    monkeypatch.setenv(CPU_BF16_ENV, "auto")
+    assert cpu_bf16() is detected_cpu_bf16()
+
+
+def test_a_wrong_cpu_bf16_override_names_the_variable_and_the_fix(monkeypatch):
+    monkeypatch.setenv(CPU_BF16_ENV, "yes")
+    with pytest.raises(ConfigError) as caught:
+        cpu_bf16()
+    assert "WORKBENCH_CPU_BF16='yes' is not valid" in str(caught.value)
+    assert "unset WORKBENCH_CPU_BF16" in str(caught.value)
 
 
 def test_auto_picks_bf16_on_this_cpu_when_its_flags_say_native():
     """The machine this project is built on (AMD EPYC, AVX512-BF16): auto must be bf16 here."""
     if torch.cuda.is_available():
         pytest.skip("a GPU decides auto here")
+    if os.environ.get(CPU_BF16_ENV):
+        pytest.skip(f"{CPU_BF16_ENV} overrides this CPU's bf16")
     flags = proc_cpuinfo_flags()
     if not (flags.get("avx512_bf16") or flags.get("amx_bf16")):
         pytest.skip("this CPU has no AVX512-BF16/AMX-BF16: auto is fp32 here (tested with simulated flags)")

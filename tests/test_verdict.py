@@ -21,7 +21,7 @@ from workbench.engine.results import read_verdict, result_from_disk
 from workbench.engine.train import fit
 from workbench.engine.verdict import final_verdict, judge, margin, reference
 from workbench.sources.synthetic import make_dataset, make_rows
-from workbench.sources.synthetic_llm import make_chat_dataset
+from workbench.sources.synthetic_llm import make_chat_rows
 from workbench.tasks.metrics import trivial_baselines
 from workbench.widgets.progress import NotebookProgress
 
@@ -137,15 +137,25 @@ def test_a_classifier_that_predicts_the_majority_class_learned_nothing(tiny_bert
     assert not (out / "best").exists()
 
 
+def _wrong_answers(n_train: int, n_eval: int, seed: int) -> DatasetDict:
+    """Chats whose training answers are all "Nobody knows." while validation keeps the true ones."""
+    wrong = [{"messages": [row["messages"][0], {"role": "assistant", "content": "Nobody knows."}]}
+             for row in make_chat_rows(n_train, seed)]
+    return DatasetDict(train=Dataset.from_list(wrong), validation=Dataset.from_list(make_chat_rows(n_eval, seed + 1)))
+
+
 def test_a_lora_run_that_made_the_model_worse_says_so_and_keeps_no_best(trained_tiny_llama, tmp_path):
-    """LoRA at 0.01 on the trained tiny Llama: eval loss 1.41 (base) -> ~1.9, below the divergence bound."""
+    """LoRA on the trained tiny Llama, taught a wrong answer: eval loss on the true answers 1.41
+    (base) -> 2.19 (fp32 and bf16 alike, any seed tried), while the training loss falls, so the
+    run completes. Worse by what it learns, not by a borderline rate: a LoRA run at 0.01 on the
+    true answers was worse on an AMD EPYC and better on an Intel AMX CPU."""
     out = tmp_path / "worse"
-    result = fit(str(trained_tiny_llama), make_chat_dataset(48, 16, seed=7), output_dir=str(out), task="causal_lm",
+    result = fit(str(trained_tiny_llama), _wrong_answers(48, 16, seed=7), output_dir=str(out), task="causal_lm",
                  learning_rate=1e-2, max_steps=8, eval_every=4, eval_before_training=True, lora_r=4, lora_alpha=8,
                  **{**CLASSIFIER, "max_length": 160})
     verdict = result.verdict
     assert result.status == "completed" and verdict["outcome"] == "worse", verdict
-    assert verdict["baseline"] == "the base model" and verdict["value"] > verdict["baseline_value"]
+    assert verdict["baseline"] == "the base model" and verdict["value"] > verdict["baseline_value"] + 0.3
     assert verdict["text"].startswith("Worse than its baseline: eval_loss")
     assert not (out / "best").exists()  # every evaluation was worse than the base model
     assert any("What to try: a lower learning_rate" in w for w in _messages(out, "warn"))

@@ -15,11 +15,18 @@ Whether this CPU computes bf16 natively (:func:`cpu_bf16`) is answered from the 
 as PyTorch reads them (``torch.cpu.get_capabilities()``, else ``/proc/cpuinfo``); only when the
 flags cannot settle it (an Arm CPU with BF16 instructions, whose speed depends on how PyTorch
 was built; no flags at all) does a ~30 ms matmul timing decide. Asked once per process.
+
+``WORKBENCH_CPU_BF16=0`` in the environment says "this CPU has no native bf16" whatever its
+flags, so ``auto`` trains CPU runs in fp32 as on a CPU without AVX512-BF16 or AMX: for running
+the tests (or comparing numerics) on a bf16 CPU as a CI machine without it would. bf16 rounds
+differently on each kind of CPU; a test that holds in fp32 and in bf16 holds on any x86-64.
+It changes nothing on a GPU.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import time
 from dataclasses import dataclass
 
@@ -32,6 +39,8 @@ X86_BF16 = {"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"}
 # Arm: the BF16 extension (BFDOT, BFMMLA) and its SVE form; fast only where PyTorch's kernels use it
 ARM_BF16 = {"bf16": "Arm BF16", "sve_bf16": "SVE-BF16", "svebf16": "SVE-BF16"}
 PROBE_SPEEDUP = 1.25  # a timed bf16 matmul must beat fp32 by this much to count as native
+# "0": treat this CPU as one without native bf16, so auto is fp32 (module doc); unset: detect
+CPU_BF16_ENV = "WORKBENCH_CPU_BF16"
 
 
 @dataclass(frozen=True)
@@ -164,9 +173,26 @@ def matmul_speedup() -> float:
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_bf16() -> CpuBf16:
+def detected_cpu_bf16() -> CpuBf16:
     """Whether this process's CPU computes bf16 natively (cached: asked once per process)."""
     return detect_cpu_bf16(cpu_flags(), mkldnn_bf16=_mkldnn_bf16(), probe=matmul_speedup)
+
+
+def cpu_bf16() -> CpuBf16:
+    """The CPU's bf16 as runs judge it: detected, unless $WORKBENCH_CPU_BF16 turns it off.
+
+    The variable is read on every call (the detection is what is cached), so a test can set it
+    with monkeypatch and a subprocess inherits it.
+    """
+    value = os.environ.get(CPU_BF16_ENV, "").strip()
+    if value in ("", "auto"):
+        return detected_cpu_bf16()
+    if value in ("0", "off"):
+        return CpuBf16(False, f"{CPU_BF16_ENV}={value}: native bf16 turned off for this CPU")
+    raise ConfigError(
+        CPU_BF16_ENV, value, "0 or off (treat this CPU as one without native bf16), or unset",
+        fix=f"unset {CPU_BF16_ENV} to detect the CPU's bf16, or export {CPU_BF16_ENV}=0 for fp32 auto runs.",
+    )
 
 
 def device_facts() -> DeviceFacts:
