@@ -526,7 +526,10 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: P
     eval_sampler = batching.LengthGroupedBatchSampler(eval_ds.lengths, config.batch_size * 2, shuffle=False)
     train_loader = batching.make_loader(train_ds, sampler, collate, config.num_workers, config.seed)
     eval_loader = batching.make_loader(eval_ds, eval_sampler, collate, config.num_workers, config.seed)
+    # Made from the unwrapped model and prepared with it in one call: under FSDP2 Accelerate swaps
+    # the optimizer's parameters for the sharded ones there (distributed.fsdp_plugin says why).
     optimizer = make_optimizer(model, config)
+    distributed.shard_blocks(accelerator, model)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
 
     batches_per_epoch = len(train_loader)  # this process's share

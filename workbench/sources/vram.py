@@ -295,7 +295,7 @@ def check_fit(info: ModelInfo, *, batch_size: int, seq_len: int, precision: str 
 #   lora    base 2 P at 16-bit (4 P at fp32) frozen; adapters A in fp32: 4 A + grads 4 A + AdamW 8 A
 #   qlora   linear layers of the decoder at 4-bit NF4 with double quantization
 #           (4 + 8/64 + 32/(64*256) = 4.127 bits per weight), embeddings, norms and head at
-#           16-bit; the same adapters
+#           fp32 (prepare_model_for_kbit_training casts them); the same adapters
 #
 # A (adapter parameters) = r * (in + out) summed over the adapted linear layers, counted on a
 # model built on the meta device (exact for any architecture; targets as workbench.tasks.lora picks).
@@ -310,6 +310,16 @@ def check_fit(info: ModelInfo, *, batch_size: int, seq_len: int, precision: str 
 #         + a*s*b*4                      fused attention (SDPA): fp32 log-sum-exp; eager: a*s^2*b*2d
 #   LoRA dropout > 0 keeps a dropped copy of each adapted input: s*b*d*(5 h + i) more per layer.
 #
+# QLoRA (issue 32: 35% low before): peft's prepare_model_for_kbit_training casts the weights
+# that stay unquantized (embeddings, tied head, norms) to fp32, so the embedding output and every
+# RMSNorm output (weight fp32 * normed) are fp32 and the residual stream stays fp32. Per layer:
+#   X, norm(X), X2, norm(X2) at 4 bytes (16 h) instead of 3 h at d; each Linear4bit casts its fp32
+#   input to the compute dtype and saves that copy (bitsandbytes MatMul4Bit saves A and the packed
+#   weight, not the dequantized one, which lives one matmul): 2 h each for q, k, v, gate, up;
+#   LoRA on those 5: dropout mask (1 h) + lora_A's own bf16 cast (2 h), o: 3 h, down: 3 i
+#   (without dropout: 2 h each for the 5 casts); residual and checkpointed inputs at 4 bytes.
+# SmolLM2-135M, batch 16 x 256, r=16 on all linear layers, dropout 0.05: 5,776 MiB against
+# 5,576 MiB measured (+3.6%; 3,647 MiB before).
 # Gradient checkpointing keeps each layer's input (s*b*h*d) plus one layer being recomputed.
 # The LM head: logits (d) plus their fp32 upcast and log-softmax (4 + 4) at every position
 # that carries loss: s*b*V*(d + 8)*share, share = 1 for a loss on every position (what
@@ -394,18 +404,33 @@ class CausalVramEstimate:
 
 def causal_activation_bytes(facts: CausalFacts, *, batch_size: int, seq_len: int, precision: str,
                             gradient_checkpointing: bool = False, attention: str = "sdpa",
-                            lora_dropout: bool = False) -> int:
-    """Activations saved for backward by the decoder layers (formula above), without the LM head."""
+                            lora_dropout: bool = False, lora: bool = False,
+                            fp32_residual: bool = False) -> int:
+    """Activations saved for backward by the decoder layers (formula above), without the LM head.
+
+    ``fp32_residual``: QLoRA after peft's prepare_model_for_kbit_training, whose fp32 norms and
+    embeddings keep the residual stream in fp32 (formula above); ``lora``: adapters are attached.
+    """
     s, b, h, i, a = seq_len, batch_size, facts.hidden_size, facts.intermediate_size, facts.num_heads
     d = 4 if precision == "fp32" else 2
     g = facts.num_kv_heads / facts.num_heads
     layer = s * b * d * (h * (6 + 3 * g) + 4 * i)
     layer += a * s * s * b * 2 * d if attention == "eager" else a * s * b * 4
-    if lora_dropout:
+    residual = d
+    if fp32_residual:
+        residual = 4
+        # X, norm(X), X2, norm(X2) in fp32 (16 h) and each 4-bit layer's own bf16 cast of its
+        # fp32 input (q, k, v, gate, up: 10 h), instead of X, norm(X), norm(X2) at d.
+        layer += s * b * (26 * h - 3 * h * d)
+        if lora_dropout:  # the 5 fp32-fed adapters: mask h + bf16 cast 2h; o: 3h; down: 3i
+            layer += s * b * (18 * h + 3 * i)
+        elif lora:  # lora_A casts the fp32 input to bf16 apart from the 4-bit layer's cast
+            layer += s * b * 10 * h
+    elif lora_dropout:
         layer += s * b * d * (5 * h + i)
-    embeddings = s * b * h * d
+    embeddings = s * b * h * residual
     if gradient_checkpointing:
-        return int(facts.num_layers * s * b * h * d + layer + embeddings)
+        return int(facts.num_layers * s * b * h * residual + layer + embeddings)
     return int(facts.num_layers * layer + embeddings)
 
 
@@ -451,7 +476,9 @@ def estimate_causal_vram(model, *, finetune: str = "lora", batch_size: int = 8, 
         if finetune == "lora":
             base = (4 if precision == "fp32" else half) * p
         else:
-            base = int(NF4_BYTES_PER_WEIGHT * split.decoder_linear) + half * (p - split.decoder_linear)
+            # peft's prepare_model_for_kbit_training casts every weight that is not 4-bit
+            # (embeddings, tied head, norms) to fp32: 4 bytes, not 2.
+            base = int(NF4_BYTES_PER_WEIGHT * split.decoder_linear) + 4 * (p - split.decoder_linear)
     d = 4 if precision == "fp32" else 2
     allocated = dict(
         base_weights_bytes=int(base), trainable_parameters=trainable, trainable_weights_bytes=adapters,
@@ -459,7 +486,8 @@ def estimate_causal_vram(model, *, finetune: str = "lora", batch_size: int = 8, 
         activations_bytes=causal_activation_bytes(
             facts, batch_size=batch_size, seq_len=seq_len, precision=precision,
             gradient_checkpointing=gradient_checkpointing, attention=attention,
-            lora_dropout=finetune != "full" and lora_dropout > 0),
+            lora_dropout=finetune != "full" and lora_dropout > 0, lora=finetune != "full",
+            fp32_residual=finetune == "qlora"),
         logits_bytes=int(seq_len * batch_size * facts.vocab_size * (d + 8) * loss_share),
     )
     summed = sum(v for k, v in allocated.items() if k != "trainable_parameters")
