@@ -169,6 +169,20 @@ def test_targets_are_found_from_the_model_and_checked(tiny_llama_dir):
     assert adapted == {"q_proj", "v_proj"}
 
 
+def test_no_dropout_op_at_lora_dropout_zero(tiny_llama_dir):
+    """At 0 peft puts an Identity where the dropout goes: no mask drawn, no op per adapter per step
+    (2 layers x 7 adapters here, 210 in SmolLM2-135M); at 0.05 each adapter has its Dropout."""
+    from torch import nn
+    from transformers import AutoModelForCausalLM
+
+    def dropouts(p):
+        model = lora.wrap(AutoModelForCausalLM.from_pretrained(tiny_llama_dir), r=4, alpha=8, dropout=p, targets=None)
+        return [m for n, m in model.named_modules() if "lora_dropout" in n and isinstance(m, nn.Dropout)]
+
+    assert dropouts(0.0) == []
+    assert len(dropouts(0.05)) == 2 * len(LLAMA_PROJECTIONS)
+
+
 def test_gradient_checkpointing_still_trains_the_adapters(tiny_llama_dir):
     choice = ModelChoice(str(tiny_llama_dir))
     task = CausalLMTask(lora_r=4, lora_alpha=8, lora_dropout=0.0)

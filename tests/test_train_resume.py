@@ -65,7 +65,7 @@ if slow:  # make the run long enough to be killed part-way
 
 result = fit(sys.argv[1], make_dataset(96, 32, seed=7), output_dir=sys.argv[2], learning_rate=2e-3,
              batch_size=8, max_steps=20, save_every=3, log_every=1, keep_checkpoints=2,
-             num_workers=0, warmup_ratio=0.1, precision="bf16")
+             num_workers=0, warmup_ratio=0.1, precision="bf16", compile=os.environ.get("COMPILE") == "1")
 print("STATUS", result.status)
 '''
 

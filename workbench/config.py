@@ -24,6 +24,8 @@ from workbench.errors import ConfigError, ConfigFileError
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 SCHEDULERS = ("linear", "cosine", "constant")
+# torch.compile modes (engine/compile.py); auto: reduce-overhead on CUDA with bucketed lengths, else default
+COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
 METRICS = ("accuracy", "f1", "loss", "exact_match", "precision", "recall")
 DISTRIBUTED = ("ddp", "fsdp")
 # auto: the task the data's columns say (engine/inputs.py, resolve_task): question/context/answers
@@ -187,6 +189,8 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # trade compute for activation memory
     distributed: str = "ddp"  # ddp | fsdp (sharded, for models that do not fit one GPU)
     max_skipped_steps: int = 20  # consecutive fp16 overflow skips before giving up
+    compile: bool | str = "auto"  # "auto": on CUDA, off on CPU (engine/compile.py says why) | True | False
+    compile_mode: str = "auto"  # auto: reduce-overhead (CUDA graphs) on CUDA with bucketed lengths, else default
 
     # task: causal_lm only
     finetune: str = "lora"  # lora | qlora (4-bit base, CUDA only) | full (every weight trains)
@@ -259,6 +263,10 @@ class TrainConfig:
         if self.distributed not in DISTRIBUTED:
             raise ConfigError("distributed", self.distributed, " | ".join(DISTRIBUTED))
         _check_positive("max_skipped_steps", self.max_skipped_steps)
+        if not (self.compile == "auto" or isinstance(self.compile, bool)):
+            raise ConfigError("compile", self.compile, "'auto', true or false")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError("compile_mode", self.compile_mode, " | ".join(COMPILE_MODES))
         self._check_causal_lm()
         self._check_spans()
 

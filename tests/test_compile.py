@@ -1,0 +1,182 @@
+"""Compilation (engine/compile.py): what auto chooses, the blocks it compiles in place, the
+fallback to eager, and runs with compile forced on that must end where the eager run ends.
+
+Compiling on 2 CPU cores is slow (inductor builds C++ kernels): the runs below are tiny,
+and those over ~30 s are marked slow. Inductor's on-disk cache makes a second compile of
+the same block fast, so the resume test's later processes pay little.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+
+from workbench.config import TrainConfig
+from workbench.engine import compile as compiling
+from workbench.errors import ConfigError
+
+
+# ------------------------------------------------------------------ the choice
+def test_auto_compiles_on_cuda_only_and_true_false_force_it():
+    assert compiling.wanted("auto", "cuda")[0] is True
+    on, reason = compiling.wanted("auto", "cpu")
+    assert on is False and "compile=True forces it" in reason
+    assert compiling.wanted(True, "cpu")[0] is True
+    assert compiling.wanted(False, "cuda")[0] is False
+
+
+def test_cuda_graphs_only_on_cuda_with_bucketed_lengths():
+    assert compiling.choose_mode("auto", "cuda", bucketed=True) == "reduce-overhead"
+    assert compiling.choose_mode("auto", "cuda", bucketed=False) == "default"  # flattened batches: any length
+    assert compiling.choose_mode("auto", "cpu", bucketed=True) == "default"
+    assert compiling.choose_mode("reduce-overhead", "cpu", bucketed=True) == "reduce-overhead"  # as asked
+
+
+def test_buckets_never_pass_max_length():
+    assert compiling.bucket_multiple(256) == 64
+    assert compiling.bucket_multiple(160) == 32  # 160 is 5 x 32: the last bucket ends at 160
+    assert compiling.bucket_multiple(100) == 4
+
+
+def test_bad_settings_name_the_field():
+    with pytest.raises(ConfigError, match="compile"):
+        TrainConfig(compile="yes")
+    with pytest.raises(ConfigError, match="compile_mode"):
+        TrainConfig(compile_mode="fast")
+    assert TrainConfig().compile == "auto"
+
+
+# ------------------------------------------------------------ the blocks, in place
+def _tiny_classifier(tiny_bert):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2)
+
+
+class _Collate:
+    pad_to_multiple_of = None
+
+
+def test_blocks_compile_in_place_and_the_state_dict_keeps_its_keys(tiny_bert):
+    model = _tiny_classifier(tiny_bert)
+    keys = list(model.state_dict())
+    collate = _Collate()
+    compiled = compiling.prepare(model, collate, True, "auto", "cpu", max_length=64)
+    assert compiled.on and compiled.block_name == "BertLayer" and len(compiled.blocks) == 2
+    assert all(block._compiled_call_impl is not None for block in compiled.blocks)
+    assert collate.pad_to_multiple_of == 64
+    assert list(model.state_dict()) == keys  # no _orig_mod.: checkpoints and resume match eager runs
+
+
+def test_auto_on_cpu_leaves_model_and_collator_untouched(tiny_bert):
+    model, collate = _tiny_classifier(tiny_bert), _Collate()
+    compiled = compiling.prepare(model, collate, "auto", "auto", "cpu", max_length=64)
+    assert not compiled.on and collate.pad_to_multiple_of is None
+    assert "forward" not in vars(model)  # not even the fallback wrapper
+
+
+def test_a_failing_compilation_falls_back_to_eager_with_the_same_outputs(tiny_bert):
+    model = _tiny_classifier(tiny_bert).eval()
+    batch = {"input_ids": torch.tensor([[2, 5, 6, 7, 3]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)}
+    with torch.no_grad():
+        expected = model(**batch).logits
+    compiled = compiling.prepare(model, _Collate(), True, "auto", "cpu", max_length=64)
+
+    def broken_backend(graph, example_inputs):
+        raise RuntimeError("inductor cannot build this kernel")
+
+    for block in compiled.blocks:  # what a compiler bug looks like: it surfaces at the first forward
+        block._compiled_call_impl = torch.compile(block._call_impl, backend=broken_backend)
+    with torch.no_grad():
+        got = model(**batch).logits
+    assert torch.equal(got, expected)
+    assert not compiled.on and all(block._compiled_call_impl is None for block in compiled.blocks)
+    text, level = compiled.notes[-1]
+    assert level == "warn" and "inductor cannot build this kernel" in text and "compile=False" in text
+
+
+def test_an_error_of_the_model_itself_is_not_swallowed(tiny_bert):
+    model = _tiny_classifier(tiny_bert)
+    compiling.prepare(model, _Collate(), True, "auto", "cpu", max_length=64)
+    with pytest.raises((IndexError, RuntimeError)):
+        model(input_ids=torch.tensor([[10**6]]))  # a token id past the vocabulary
+
+
+# ------------------------------------------------------------- runs with compile on
+def _fit_bert(tiny_bert, out, **settings):
+    from workbench.engine.train import fit
+    from workbench.sources.synthetic import make_dataset
+
+    return fit(str(tiny_bert), make_dataset(64, 16, seed=3), output_dir=str(out), learning_rate=2e-3,
+               batch_size=8, max_length=64, max_steps=6, num_workers=0, precision="fp32", log_every=1,
+               **settings)
+
+
+def _events(out):
+    return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+
+
+def test_compiled_classifier_ends_where_the_eager_one_ends(tiny_bert, tmp_path):
+    """In the default set: the one compiled run CI always makes (a 2-layer BERT, ~20 s on 2 cores)."""
+    from safetensors.torch import load_file
+
+    eager = _fit_bert(tiny_bert, tmp_path / "eager", compile=False)
+    compiled = _fit_bert(tiny_bert, tmp_path / "compiled", compile=True)
+    assert compiled.status == "completed"
+    # Compiled kernels sum in another order and batches are padded to 64: close, not bitwise.
+    assert compiled.metrics["eval_loss"] == pytest.approx(eager.metrics["eval_loss"], rel=1e-3, abs=1e-4)
+    assert compiled.metrics["eval_accuracy"] == eager.metrics["eval_accuracy"]
+    start = _events(tmp_path / "compiled")[0]
+    assert start["compile"]["on"] and start["compile"]["block"] == "BertLayer" and start["compile"]["bucket"] == 64
+    texts = [e["text"] for e in _events(tmp_path / "compiled") if e["kind"] == "message"]
+    assert any("Compiled 2 BertLayer blocks" in t and "first step took" in t for t in texts), texts
+    assert load_file(eager.model_dir / "model.safetensors").keys() == \
+        load_file(compiled.model_dir / "model.safetensors").keys()
+    assert compiled.verdict["outcome"] == eager.verdict["outcome"]  # the verdict judges the same run
+
+
+@pytest.mark.slow
+def test_compiled_lora_run_ends_where_the_eager_one_ends_and_merges(tiny_llama_dir, tmp_path):
+    from llm_fixtures import TINY_LORA, write_chat_files
+    from safetensors.torch import load_file
+
+    from workbench.engine.train import fit
+
+    data = write_chat_files(tmp_path / "data", n_train=16, n_eval=8)
+    results = {}
+    for name, on in (("eager", False), ("compiled", True)):
+        results[name] = fit(str(tiny_llama_dir), str(data), output_dir=str(tmp_path / name), max_steps=4,
+                            precision="fp32", lora_dropout=0.0, merge_adapter=True, compile=on, **TINY_LORA)
+    eager, compiled = results["eager"], results["compiled"]
+    assert compiled.metrics["eval_loss"] == pytest.approx(eager.metrics["eval_loss"], rel=1e-3)
+    assert load_file(eager.model_dir / "adapter_model.safetensors").keys() == \
+        load_file(compiled.model_dir / "adapter_model.safetensors").keys()
+    assert (tmp_path / "compiled" / "model_merged" / "config.json").is_file()
+    assert _events(tmp_path / "compiled")[0]["compile"]["block"] == "LlamaDecoderLayer"
+
+
+@pytest.mark.slow
+def test_kill_then_resume_with_compile_on_matches_the_uninterrupted_compiled_run(tiny_bert, tmp_path):
+    """kill -9 mid-run and resume, compile on in every process: the losses after the resumed step and
+    the final weights equal the uninterrupted compiled run's (the same kernels, the same RNG streams)."""
+    from test_train_resume import WORKER, _assert_same_as_reference, _losses, _run, _wait_for
+
+    from workbench.engine import checkpoint
+
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {"COMPILE": "1"}
+    reference = tmp_path / "uninterrupted"
+    _run(script, tiny_bert, reference, env=env)
+    assert _events(reference)[0]["compile"]["on"]
+    out = tmp_path / "killed"
+    proc = _run(script, tiny_bert, out, env={**env, "SLOW_STEP_S": "0.15"}, wait=False)
+    _wait_for(lambda: len(_losses(out)) >= 8 if (out / "events.jsonl").exists() else False, proc, timeout=300)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    resumed_after = int(checkpoint.latest_checkpoint(out).name.split("-")[1])
+    _run(script, tiny_bert, out, env=env)
+    _assert_same_as_reference(reference, out, resumed_after)

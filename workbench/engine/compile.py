@@ -1,0 +1,188 @@
+"""Compilation: the repeated blocks of a model compiled in place, bucketed lengths, the eager fallback.
+
+The loop calls this module through one seam, ``prepare`` in ``train._prepare``; with
+``compile=False`` (or ``"auto"`` where it does not pay) nothing here touches the model and
+the run is the eager reference every test compares against.
+
+- **Regional compilation.** A transformer is one block class repeated (30
+  ``LlamaDecoderLayer`` in SmolLM2-135M, 12 ``BertLayer`` in bert-base). Each block is
+  compiled in place (``module.compile()``): every instance runs the same code, so dynamo
+  compiles it once and the other 29 reuse it (parameters are graph inputs, not constants).
+  Compiling the whole model instead costs minutes and its graph breaks on the sparse LM
+  head (``logits_to_keep`` with a mask). In place, because ``torch.compile(module)`` returns
+  an ``OptimizedModule`` whose state-dict keys gain ``_orig_mod.``: checkpoints, adapters and
+  a resume would no longer match an eager run's. That is also why accelerate's
+  ``compile_regions`` is not used (it returns such wrappers); its in-place
+  ``compile_regions_fsdp2`` also compiles every leaf outside the blocks (embeddings, the
+  head), which buys nothing and compiles more. Its ``is_repeated_blocks`` finds the blocks.
+- **Bucketed lengths.** Batches are padded to a multiple of ``BUCKET`` tokens (by the task's
+  own collator, which pads anyway) so a run meets a few shapes, not one per batch; dynamo
+  makes the length symbolic after its second shape, and the recompile limit is raised to
+  cover the buckets (training and evaluation are separate graphs: grad mode and dropout).
+- **Fallback.** Compile errors surface at the first forward pass that meets the block, not
+  at ``module.compile()``. The model's outermost forward is wrapped: on a dynamo or
+  inductor error the blocks are put back to eager, the reason is kept for a message, and
+  the same forward runs again, eagerly. The backward graph is lowered with the forward
+  (``force_non_lazy_backward_lowering``), so its errors surface there too.
+- **Generation** stays eager (``eager()``): token-by-token decoding with a growing KV cache
+  meets a new shape and new cache objects at every token, which compiled blocks would
+  recompile for and not win back on a few greedy answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+BUCKET = 64  # tokens: padding costs little next to a recompile, and CUDA graphs need few shapes
+
+
+def wanted(setting, device_type: str) -> tuple[bool, str]:
+    """(compile or not, why): the one owner of what ``compile="auto"`` means."""
+    if setting is True:
+        return True, "compile=True"
+    if setting is False:
+        return False, "compile=False"
+    if device_type == "cuda":
+        return True, ("compile='auto' on CUDA: a step there is bound by kernel launches, which "
+                      "compiled blocks fuse (benchmarks/step_overhead.py)")
+    return False, (f"compile='auto' on {device_type}: the first steps would spend minutes compiling on "
+                   "a few CPU cores, which short CPU runs never win back; compile=True forces it")
+
+
+def choose_mode(mode: str, device_type: str, bucketed: bool) -> str:
+    """torch.compile's mode. ``auto``: CUDA graphs (``reduce-overhead``) on CUDA when batch
+    lengths are bucketed (a graph is recorded per shape, so shapes must be few), else ``default``."""
+    if mode != "auto":
+        return mode
+    return "reduce-overhead" if device_type == "cuda" and bucketed else "default"
+
+
+def bucket_multiple(max_length: int, bucket: int = BUCKET) -> int:
+    """The multiple batches are padded to: ``bucket``, or a divisor of ``max_length`` so that
+    the last bucket is never longer than max_length (the model's positions may end there)."""
+    return math.gcd(bucket, max_length)
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of the model's outermost lists of one repeated class (its layers)."""
+    from accelerate.utils.other import is_repeated_blocks
+
+    found: list[torch.nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        if is_repeated_blocks(module):
+            found.extend(module)
+            inside.update(id(m) for block in module for m in block.modules())
+    return found
+
+
+@dataclass
+class Compiled:
+    """What was compiled, and what became of it; ``on`` False: the eager run, untouched."""
+
+    on: bool
+    reason: str
+    mode: str | None = None
+    blocks: list = field(default_factory=list)
+    block_name: str = ""
+    bucket: int | None = None
+    failure: str | None = None  # why it fell back to eager, once it did
+    notes: list = field(default_factory=list)  # (text, level) for the run's messages
+    first_step_s: float | None = None
+
+    def describe(self) -> dict:
+        """The start event's ``compile`` field."""
+        return {"on": self.on, "reason": self.reason, "mode": self.mode, "blocks": len(self.blocks),
+                "block": self.block_name, "bucket": self.bucket}
+
+    def restore_eager(self, error: BaseException) -> None:
+        for block in self.blocks:
+            block._compiled_call_impl = None  # what module.compile() set: back to the eager __call__
+        torch._dynamo.reset()
+        cause = getattr(error, "inner_exception", None) or error.__cause__ or error  # the compiler's own error
+        lines = str(cause).strip().splitlines()
+        self.failure = f"{type(cause).__name__}: {lines[0] if lines else ''}"
+        self.notes.append((f"Compilation failed ({self.failure[:300]}); training continues eagerly, as with "
+                           "compile=False. Set compile=False to skip the attempt.", "warn"))
+        self.on = False
+
+    @contextlib.contextmanager
+    def eager(self):
+        """Compiled blocks run eagerly inside (generation: see the module's docstring)."""
+        if not self.on:
+            yield
+            return
+        with torch.compiler.set_stance("force_eager"):
+            yield
+
+    def timed_first_step(self, step_fn, *args):
+        """``step_fn(*args)``; the first time, noting how long it took (compiling included)."""
+        if not self.on or self.first_step_s is not None:
+            return step_fn(*args)
+        start = time.perf_counter()
+        result = step_fn(*args)
+        self.first_step_s = time.perf_counter() - start
+        if self.on:  # not fallen back during the step
+            self.notes.append((f"Compiled {len(self.blocks)} {self.block_name} blocks ({self.mode} mode): the first "
+                               f"step took {self.first_step_s:.1f} s, compiling included; later steps reuse it. "
+                               "compile=False skips it.", "info"))
+        return result
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    """An error of dynamo or inductor (a failed compilation), not of the model or the data."""
+    module = type(exc).__module__ or ""
+    return module.startswith(("torch._dynamo", "torch._inductor", "torch._functorch"))
+
+
+def _guard_forward(model: torch.nn.Module, compiled: Compiled) -> None:
+    """Wrap the outermost forward: a compile error restores the eager blocks and runs it again."""
+    forward = model.forward
+
+    def forward_with_fallback(*args, **kwargs):
+        if not compiled.on:
+            return forward(*args, **kwargs)
+        try:
+            return forward(*args, **kwargs)
+        except Exception as exc:
+            if not is_compile_error(exc):
+                raise
+            compiled.restore_eager(exc)
+        return forward(*args, **kwargs)
+
+    model.forward = forward_with_fallback  # an instance attribute: the state dict is untouched
+
+
+def prepare(model: torch.nn.Module, collate, setting, mode: str, device_type: str, max_length: int) -> Compiled:
+    """Compile ``model``'s repeated blocks in place, bucket ``collate``'s lengths; or nothing."""
+    on, reason = wanted(setting, device_type)
+    if not on:
+        return Compiled(on=False, reason=reason)
+    blocks = repeated_blocks(model)
+    if not blocks:
+        return Compiled(on=False, reason=f"{type(model).__name__} has no repeated blocks to compile",
+                        notes=[(f"compile: {type(model).__name__} has no list of repeated layers to compile; "
+                                "the run is eager.", "warn")])
+    bucket = None
+    if hasattr(collate, "pad_to_multiple_of"):  # the task's collator pads; flattened batches have none
+        bucket = bucket_multiple(max_length)
+        collate.pad_to_multiple_of = max(bucket, collate.pad_to_multiple_of or 1)
+    chosen = choose_mode(mode, device_type, bucketed=bucket is not None)
+    # Each bucket's length, for training and for evaluation, plus a margin before dynamo gives up.
+    buckets = math.ceil(max_length / bucket) if bucket else 8
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * buckets + 4)
+    # Lower the backward with the forward, so a failing backward compile is caught by the forward's fallback.
+    torch._functorch.config.force_non_lazy_backward_lowering = True
+    for block in blocks:
+        block.compile(mode=chosen)
+    compiled = Compiled(on=True, reason=reason, mode=chosen, blocks=blocks, block_name=type(blocks[0]).__name__,
+                        bucket=bucket)
+    _guard_forward(model, compiled)
+    return compiled
