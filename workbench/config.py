@@ -64,6 +64,12 @@ def _check_positive(name: str, value: Any, *, allow_zero: bool = False, kind=int
         raise ConfigError(name, value, allowed)
 
 
+def _check_switch(name: str, value: Any) -> None:
+    """A speed-up switch: "auto" (on where it pays), True (forced on), False (the reference path)."""
+    if value not in ("auto", True, False) or isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise ConfigError(name, value, "auto, true or false")
+
+
 def _check_jinja(template: str) -> None:
     """Compile a chat template as transformers will, so a syntax error is found before anything loads.
 
@@ -180,6 +186,7 @@ class TrainConfig:
     save_every: int | None = None  # optimizer steps; None = at the end of each epoch
     log_every: int = 10  # optimizer steps between event-log lines
     keep_checkpoints: int = 2  # newest K step checkpoints are kept (plus the best)
+    async_checkpoints: str | bool = "auto"  # auto | True | False: files written off the training thread (engine/async_checkpoint.py)
     best_metric: str | None = None  # TASK_METRICS[task]; None: accuracy, loss (causal_lm), f1 (NER: entities; QA)
     seed: int = 42
     resume: str | None = "auto"  # "auto": newest valid checkpoint in output_dir; a path; None
@@ -205,6 +212,8 @@ class TrainConfig:
     eval_generate: int = 0  # eval rows answered greedily for eval_exact_match; 0: off (it is slow)
     eval_max_new_tokens: int = 64
     merge_adapter: bool = False  # also write model_merged/ (base + adapter, a plain model) at the end
+    packing: str | bool = "auto"  # auto | True | False: a batch's conversations in one row, no padding (tasks/causal_lm_packing.py)
+    fused_loss: str | bool = "auto"  # auto | True | False: LM head + cross-entropy fused by liger-kernel on CUDA (tasks/causal_lm_fused.py)
 
     # task: token_classification only (workbench.tasks.token_classification)
     tokens_column: str | None = None  # a list of words per row; None: "tokens" or "words"
@@ -245,6 +254,7 @@ class TrainConfig:
         if not isinstance(self.eval_before_training, bool):
             raise ConfigError("eval_before_training", self.eval_before_training, "true or false")
         _check_positive("keep_checkpoints", self.keep_checkpoints)
+        _check_switch("async_checkpoints", self.async_checkpoints)
         if self.task not in TASKS:
             raise ConfigError("task", self.task, " | ".join(TASKS))
         allowed = TASK_METRICS.get(self.task) or tuple(dict.fromkeys(m for ms in TASK_METRICS.values() for m in ms))
@@ -341,6 +351,11 @@ class TrainConfig:
             raise ConfigError("system_prompt", self.system_prompt, "text, or None")
         if not isinstance(self.merge_adapter, bool):
             raise ConfigError("merge_adapter", self.merge_adapter, "true or false")
+        for name in ("packing", "fused_loss"):
+            _check_switch(name, getattr(self, name))
+            if getattr(self, name) is True and self.task not in ("auto", "causal_lm"):
+                raise ConfigError(name, True, f"'auto' or False for task {self.task!r}",
+                                  fix=f"remove {name}: it applies to causal language models (task: causal_lm) only.")
 
 
 SECTIONS = ("model", "data", "train")
