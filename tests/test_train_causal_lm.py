@@ -163,7 +163,8 @@ if slow:  # long enough to be killed part-way
 result = fit(sys.argv[1], make_chat_dataset(48, 8, seed=5), output_dir=sys.argv[2], task="causal_lm",
              lora_r=4, lora_alpha=8, lora_dropout=0.1, learning_rate=3e-3, batch_size=4, max_length=160,
              max_steps=STEPS, save_every=3, log_every=1, keep_checkpoints=2, num_workers=0,
-             warmup_ratio=0.1, precision="bf16")  # what auto picks on CPUs with bf16 instructions
+             warmup_ratio=0.1, precision="bf16",  # what auto picks on CPUs with bf16 instructions
+             packing={"1": True, "0": False}.get(os.environ.get("PACKING"), "auto"))
 print("STATUS", result.status)
 '''
 STEPS = 14
@@ -183,16 +184,20 @@ def _losses(out: Path) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in _events(out) if e["kind"] == "train"}  # resumed value wins
 
 
-def test_lora_run_killed_mid_run_resumes_exactly(tiny_llama_dir, tmp_path):
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_lora_run_killed_mid_run_resumes_exactly(tiny_llama_dir, tmp_path, packed):
     """Adapter weights, their AdamW state, the schedule and the dropout RNG all come back:
-    the resumed run's losses and final adapter equal an uninterrupted run's."""
+    the resumed run's losses and final adapter equal an uninterrupted run's, padded or packed."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER.replace("STEPS", str(STEPS)))
+    env = {"PACKING": "1" if packed else "0"}
     reference = tmp_path / "uninterrupted"
-    _run(script, tiny_llama_dir, reference)
+    _run(script, tiny_llama_dir, reference, env=env)
+    if packed:
+        assert "packed into one row" in (reference / "events.jsonl").read_text()
 
     out = tmp_path / "killed"
-    proc = _run(script, tiny_llama_dir, out, env={"SLOW_STEP_S": "0.3"}, wait=False)
+    proc = _run(script, tiny_llama_dir, out, env={"SLOW_STEP_S": "0.3", **env}, wait=False)
     deadline = time.time() + 240
     while not ((out / "events.jsonl").exists() and len(_losses(out)) >= 8):
         assert proc.poll() is None, proc.stdout.read()[-3000:]
@@ -202,7 +207,7 @@ def test_lora_run_killed_mid_run_resumes_exactly(tiny_llama_dir, tmp_path):
     proc.communicate()
     resumed_after = checkpoint.step_of(checkpoint.latest_checkpoint(out))
     assert 3 <= resumed_after < STEPS
-    _run(script, tiny_llama_dir, out)
+    _run(script, tiny_llama_dir, out, env=env)
 
     ref, got = _losses(reference), _losses(out)
     assert sorted(got) == list(range(1, STEPS + 1))
@@ -215,3 +220,19 @@ def test_lora_run_killed_mid_run_resumes_exactly(tiny_llama_dir, tmp_path):
         assert torch.equal(got_w[name], ref_w[name]), name  # bit-exact
         assert got_w[name].dtype == torch.float32, name  # trained under bf16 autocast, saved fp32
 
+
+def test_packed_run_ends_at_the_padded_runs_loss(tiny_llama_dir, tmp_path):
+    """The same run with packing forced on and off, fp32: the same batches in another layout, so the
+    per-step losses agree within float noise, and so do the final evaluation and the adapter."""
+    runs = {}
+    for packed in (False, True):
+        out = tmp_path / ("packed" if packed else "padded")
+        result = fit(str(tiny_llama_dir), make_chat_dataset(48, 8, seed=3), output_dir=str(out), max_steps=8,
+                     lora_dropout=0.0, precision="fp32", packing=packed, **LORA)
+        runs[packed] = (result, _losses(out))
+    (padded, padded_losses), (packed, packed_losses) = runs[False], runs[True]
+    assert sorted(packed_losses) == list(range(1, 9))
+    for step, loss in padded_losses.items():
+        assert packed_losses[step] == pytest.approx(loss, abs=1e-4), step
+    assert packed.metrics["eval_loss"] == pytest.approx(padded.metrics["eval_loss"], abs=1e-4)
+    assert padded_losses[8] < padded_losses[1]  # it trained: the agreement is not that of two idle runs

@@ -66,6 +66,12 @@ def _check_positive(name: str, value: Any, *, allow_zero: bool = False, kind=int
         raise ConfigError(name, value, allowed)
 
 
+def _check_switch(name: str, value: Any) -> None:
+    """A speed-up switch: "auto" (on where it pays), True (forced on), False (the reference path)."""
+    if value not in ("auto", True, False) or isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise ConfigError(name, value, "auto, true or false")
+
+
 def _check_jinja(template: str) -> None:
     """Compile a chat template as transformers will, so a syntax error is found before anything loads.
 
@@ -209,6 +215,7 @@ class TrainConfig:
     eval_generate: int = 0  # eval rows answered greedily for eval_exact_match; 0: off (it is slow)
     eval_max_new_tokens: int = 64
     merge_adapter: bool = False  # also write model_merged/ (base + adapter, a plain model) at the end
+    packing: str | bool = "auto"  # auto | True | False: a batch's conversations in one row, no padding (tasks/causal_lm_packing.py)
 
     # task: token_classification only (workbench.tasks.token_classification)
     tokens_column: str | None = None  # a list of words per row; None: "tokens" or "words"
@@ -349,6 +356,11 @@ class TrainConfig:
             raise ConfigError("system_prompt", self.system_prompt, "text, or None")
         if not isinstance(self.merge_adapter, bool):
             raise ConfigError("merge_adapter", self.merge_adapter, "true or false")
+        for name in ("packing",):
+            _check_switch(name, getattr(self, name))
+            if getattr(self, name) is True and self.task not in ("auto", "causal_lm"):
+                raise ConfigError(name, True, f"'auto' or False for task {self.task!r}",
+                                  fix=f"remove {name}: it applies to causal language models (task: causal_lm) only.")
 
 
 SECTIONS = ("model", "data", "train")

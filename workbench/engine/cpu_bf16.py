@@ -38,8 +38,12 @@ def attention_in_fp32(model) -> bool:
     """Switch ``model``'s sdpa attention (and its sub-models') to :func:`sdpa_in_fp32`.
     Returns whether anything changed."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(ATTENTION, sdpa_in_fp32)
+    # Its mask is sdpa's: transformers builds no mask at all for a name it has no mask builder
+    # for, and packed rows (tasks/causal_lm_packing.py) would then attend across conversations.
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
     changed = False
     for module in model.modules():
         config = getattr(module, "config", None)

@@ -6,9 +6,9 @@ eval outputs and metrics, save, and the checkpoint state. The rows themselves (f
 their checks, chat templates, which tokens carry loss, the dataset and its padding
 collator) are read by ``causal_lm_data.py``; this module is the task object around them.
 
-**Batches.** On CUDA with a FlashAttention implementation, batches are flattened into one
-row with the sequence boundaries kept (``DataCollatorWithFlattening``) instead of padded:
-no padding at all, and no row attends to another.
+**Batches.** Padded (``causal_lm_data.PaddingCollator``), or packed: a batch's conversations
+end to end in one row, positions restarting at each, attention kept within each
+(``TrainConfig.packing``; when "auto" turns it on and how: ``causal_lm_packing.py``).
 
 **Loss.** The LM head over a 49k-152k vocabulary costs as much as several
 transformer layers, and in chat data most positions are prompt tokens whose logits
@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import ConfigError, DataError
 from workbench.sources.data_files import ROW_COLUMN, RowLocator
+from workbench.tasks import causal_lm_packing as packing
 from workbench.tasks import lora
 from workbench.tasks.base import (
     enable_gradient_checkpointing,
@@ -62,12 +63,6 @@ from workbench.tasks.causal_lm_data import (
 )
 
 MERGED_DIR = "model_merged"  # beside model/ (the adapter) when merge_adapter is set
-
-
-# ------------------------------------------------------------------------- batching
-def uses_flash_attention(model) -> bool:
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
-    return "flash" in impl
 
 
 # --------------------------------------------------------------------------- losses
@@ -117,6 +112,7 @@ class CausalLMTask:
         self.template_source: str | None = None  # tokenizer | simple | custom
         self.end_ids: set[int] = set()
         self.padding_free = False
+        self.packing: packing.PackingChoice | None = None  # chosen in datasets(): the lengths decide "auto"
         self.dropped: dict[str, int] = {}  # rows whose supervised tokens were all truncated away
         self.parameters: dict[str, int] = {}
         self.vocab_size: int | None = None  # the LM head's outputs: ln of it is a uniform guess's loss
@@ -267,6 +263,14 @@ class CausalLMTask:
             self.check_data(splits)
         train, self.eval_dataset = (self._encode_split(splits, s, tokenizer, max_length)
                                     for s in ("train", "validation"))
+        s = self.settings  # the attention the model runs now (engine/cpu_bf16.py may have swapped it)
+        self.packing = packing.choose_packing(
+            s.packing, attn_implementation=getattr(getattr(model, "config", None), "_attn_implementation", None),
+            cuda=torch.cuda.is_available(), lengths=train.lengths, batch_size=s.batch_size,
+            group_by_length=s.group_by_length)
+        self.padding_free = self.packing.on
+        if self.packing.on:  # padded is the reference: said only when the run departs from it
+            self.notes.append((self.packing.reason, "info"))
         return train, self.eval_dataset
 
     def _encode_split(self, splits, split: str, tokenizer, max_length: int) -> CausalLMDataset:
@@ -315,12 +319,8 @@ class CausalLMTask:
         return CausalLMDataset(all_ids, all_labels)
 
     def collator(self, tokenizer):
-        if self.padding_free:
-            from transformers import DataCollatorWithFlattening
-
-            # One row per batch, positions restarting at each example, FlashAttention's
-            # cu_seq_lens marking the boundaries: no pad tokens, no cross-example attention.
-            return DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+        if self.padding_free:  # one row per batch, no pad tokens, no cross-example attention
+            return packing.packed_collator(self.packing.flash)
         return PaddingCollator(tokenizer.pad_token_id, pad_to_multiple_of=8 if torch.cuda.is_available() else None)
 
     # ---------------------------------------------------------------- model
@@ -363,14 +363,13 @@ class CausalLMTask:
                 # Frozen embeddings give the first checkpointed segment no input that needs grad;
                 # reentrant checkpointing would then drop the adapters' gradients.
                 model.enable_input_require_grads()
-        self.padding_free = torch.cuda.is_available() and uses_flash_attention(model)
         self.parameters = {"total": sum(p.numel() for p in model.parameters()),
                            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
         return model
 
     # ---------------------------------------------------------------- steps
     def rows(self, batch: dict) -> int:
-        if "position_ids" in batch and "attention_mask" not in batch:  # flattened: one row per example
+        if packing.is_packed(batch):  # one row holding every example
             return int((batch["position_ids"] == 0).sum())
         return int(batch["input_ids"].shape[0])
 
@@ -380,7 +379,7 @@ class CausalLMTask:
         A padded batch is cut by rows. A flattened one (one row, examples end to end) is cut
         at example boundaries, with the FlashAttention sequence offsets recomputed per piece.
         """
-        if "attention_mask" in batch or "position_ids" not in batch:
+        if not packing.is_packed(batch):
             return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, self.rows(batch), size)]
         positions = batch["position_ids"][0]
         starts = [*(positions == 0).nonzero()[:, 0].tolist(), positions.numel()]
@@ -412,12 +411,15 @@ class CausalLMTask:
         """Per-row (summed loss, supervised token count), for a token-weighted mean across processes."""
         logits, targets, keep = supervised_logits(model, batch)
         losses = F.cross_entropy(logits.float(), targets, reduction="none")
-        rows = keep.shape[0]
-        # The row of each kept position, in row-major order as logits_to_keep gathered them. Not
-        # keep.nonzero(): its size is known only on the device (a host sync per eval batch), while
-        # output_size, the logits' row count, is already known here.
-        row_of = torch.repeat_interleave(torch.arange(rows, device=keep.device), keep.sum(1),
-                                         output_size=losses.shape[0])
+        if packing.is_packed(batch):
+            row_of, rows = packing.example_of(batch, keep)  # per conversation of the packed row
+        else:
+            rows = keep.shape[0]
+            # The row of each kept position, in row-major order as logits_to_keep gathered them. Not
+            # keep.nonzero(): its size is known only on the device (a host sync per eval batch), while
+            # output_size, the logits' row count, is already known here.
+            row_of = torch.repeat_interleave(torch.arange(rows, device=keep.device), keep.sum(1),
+                                             output_size=losses.shape[0])
         summed = torch.zeros(rows, device=losses.device).index_add_(0, row_of, losses)
         counts = torch.zeros(rows, device=losses.device).index_add_(0, row_of, torch.ones_like(losses))
         return summed, counts
