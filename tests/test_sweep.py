@@ -28,6 +28,12 @@ NOTEBOOK = Path(__file__).parent / "fixtures" / "sweep" / "steps.ipynb"
 QUIET = dict(log=lambda line: None)
 
 
+def _sweep_log(folder: Path) -> str:
+    """The combination's own log (the kernel's output), for an assertion's message."""
+    log = folder / "sweep.log"
+    return f"\n--- {log}:\n" + log.read_text()[-4000:] if log.is_file() else f"\n(no {log})"
+
+
 def _slots(folder: Path) -> list[dict]:
     """One dict per execution of the notebook's training cell: device, start, resumed_from (, end)."""
     slots = []
@@ -134,7 +140,8 @@ def test_kill_9_of_the_sweep_then_the_same_command_resumes(tmp_path):
         time.sleep(0.2)
     assert runs(tmp_path / "k")["seed=2"].status == "interrupted"
 
-    assert subprocess.run(command, capture_output=True, text=True, timeout=180).returncode == 0
+    again = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stdout + again.stderr + _sweep_log(second)
     assert len(_slots(tmp_path / "k" / "seed=1")) == 1  # finished: skipped
     killed, resumed = _slots(second)
     assert "end" not in killed

@@ -214,9 +214,13 @@ def test_a_node_dies_and_the_job_resumes_from_the_last_complete_checkpoint(run_c
     starts = [i for i, e in enumerate(events) if e["kind"] == "start"]
     assert len(starts) == 2, f"expected one restart, got {len(starts)} start events"
     # The newest checkpoint complete before the restart: what the second start must resume from.
+    # Its "checkpoint" event is written after the folder is committed, so the kill can land
+    # between the two (the poll above reads the log, then kills): the one checkpoint after the
+    # last logged one may be complete without its event. Never an older one, never a later one.
     saved_before = [e["step"] for e in events[:starts[1]] if e["kind"] == "checkpoint"]
     resumed = events[starts[1]]["resumed_from_step"]
-    assert resumed == max(saved_before) >= killed_after, (resumed, saved_before, killed_after)
+    assert resumed in (max(saved_before), max(saved_before) + SAVE_EVERY), (resumed, saved_before, killed_after)
+    assert max(saved_before) >= killed_after, (saved_before, killed_after)
     assert (out / "checkpoints" / f"step-{resumed:06d}").is_dir()
     # After the restart, training goes on from the next step to the end, once each.
     after = [e["step"] for e in events[starts[1]:] if e["kind"] == "train"]

@@ -146,8 +146,9 @@ def _wrong_answers(n_train: int, n_eval: int, seed: int) -> DatasetDict:
 
 def test_a_lora_run_that_made_the_model_worse_says_so_and_keeps_no_best(trained_tiny_llama, tmp_path):
     """LoRA on the trained tiny Llama, taught a wrong answer: eval loss on the true answers 1.41
-    (base) -> 2.19 (fp32 and bf16 alike, any seed tried), while the training loss falls, so the
-    run completes. Worse by what it learns, not by a borderline rate: a LoRA run at 0.01 on the
+    (base) -> 2.19 on an AMD EPYC, 1.82 -> 2.07 on an Intel AMX Xeon (the trained base itself
+    differs by CPU), while the training loss falls, so the run completes. Either is worse by
+    more than 25 times the verdict's margin (~0.01). Worse by what it learns, not by a borderline rate: a LoRA run at 0.01 on the
     true answers was worse on an AMD EPYC and better on an Intel AMX CPU."""
     out = tmp_path / "worse"
     result = fit(str(trained_tiny_llama), _wrong_answers(48, 16, seed=7), output_dir=str(out), task="causal_lm",
@@ -155,7 +156,7 @@ def test_a_lora_run_that_made_the_model_worse_says_so_and_keeps_no_best(trained_
                  **{**CLASSIFIER, "max_length": 160})
     verdict = result.verdict
     assert result.status == "completed" and verdict["outcome"] == "worse", verdict
-    assert verdict["baseline"] == "the base model" and verdict["value"] > verdict["baseline_value"] + 0.3
+    assert verdict["baseline"] == "the base model" and verdict["value"] > verdict["baseline_value"] + 0.1
     assert verdict["text"].startswith("Worse than its baseline: eval_loss")
     assert not (out / "best").exists()  # every evaluation was worse than the base model
     assert any("What to try: a lower learning_rate" in w for w in _messages(out, "warn"))
@@ -166,6 +167,11 @@ def test_a_run_that_learned_is_said_to_have_learned(trained_tiny_bert, tmp_path)
     out = tmp_path / "learned"
     result = fit(str(trained_tiny_bert), make_dataset(96, 32, seed=6), output_dir=str(out), learning_rate=2e-3,
                  max_steps=4, **CLASSIFIER)
-    assert result.learned is True and result.verdict["text"].startswith("Learned: eval_accuracy 1 against 0.5")
+    # How far above chance depends on the CPU's rounding (1 on an AMD EPYC, 0.9688 on an Intel
+    # AMX Xeon): what must hold is a clear "learned" with the figure and chance named.
+    assert result.learned is True, result.verdict
+    accuracy = result.verdict["value"]
+    assert accuracy >= 0.9 and result.verdict["text"].startswith(
+        f"Learned: eval_accuracy {accuracy:.4g} against 0.5 for chance"), result.verdict
     assert (out / "best").is_dir() and result.verdict["best_step"] == 4
     assert _messages(out, "warn") == [] and runs.read_run(out).verdict == "learned"
