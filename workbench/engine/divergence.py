@@ -23,7 +23,7 @@ The rule. A step counts as diverged when its training loss is at or above
   diverged, and a healthy run on noisy labels sits near its noise floor (0.61 for 30% noise
   on two labels), which is below ln 2 = 0.69. For a language model, none: its start is
   its pretrained knowledge and a LoRA run at a rate that ruins it stays far below ln(V)
-  (the tiny Llama of the tests: from 0.64 to ~1.75, never near 10.8).
+  (the tiny Llama of the tests: from 0.46 to 4-30, never near 10.8).
 
 The run stops when ``SUSTAINED`` (3/4) of the last ``window`` steps are diverged, so one bad
 batch never stops a run; ``window`` is a tenth of the run, but at least the steps that hold
@@ -40,8 +40,9 @@ Measured (tests/test_divergence.py; the table is in docs/troubleshooting.md): he
 under their bound but for lone steps (a classifier continued on 30%-noisy labels peaks at 1.59
 against 2.33, where the old first-batch rule stopped it at step 5; a fresh one at 0.72 against
 1.19), and ruined ones sit far above it (learning rate 1: 24.8 against 1.19; LoRA at rate 1:
-17.9 against 2.14), stopped at their fourth step. (LoRA at 0.1, 5.18 on an AMD EPYC, learned
-on an Intel AMX CPU: a ruined run of a test must be far past the edge, not near it.)
+29.4 against 0.96), stopped at their fourth step. A ruined run of a test must be far past the
+edge, of a model with much to lose: LoRA at 0.1 learned on an Intel AMX CPU, and at rate 1 a
+model whose start was 1.9 collapsed to ~2.1-2.6, under its bound of 2.8, on some CPUs.
 """
 
 from __future__ import annotations
