@@ -174,7 +174,7 @@ class TrainConfig:
     learning_rate: float | None = None  # None: 2e-5 (BERT recipe, full fine-tuning), 2e-4 for LoRA/QLoRA
     num_epochs: float = 3.0
     max_steps: int | None = None  # optimizer steps; overrides num_epochs when set
-    batch_size: int = 16  # per device, per micro-batch
+    batch_size: int | str = 16  # per device, per micro-batch; "auto": fill the GPU (engine/batch_size.py), 16 on CPU
     gradient_accumulation_steps: int = 1  # effective batch = batch_size * this * devices
     warmup_ratio: float = 0.06  # share of total steps with a linear warm-up
     scheduler: str = "linear"  # linear | cosine | constant
@@ -237,7 +237,12 @@ class TrainConfig:
         _check_positive("num_epochs", self.num_epochs, kind=float)
         if self.max_steps is not None:
             _check_positive("max_steps", self.max_steps)
-        _check_positive("batch_size", self.batch_size)
+        if self.batch_size != "auto":
+            try:
+                _check_positive("batch_size", self.batch_size)
+            except ConfigError:
+                raise ConfigError("batch_size", self.batch_size, "a positive int, or 'auto' (the micro-batch "
+                                  "that fills the GPU's memory; 16 on a CPU)") from None
         _check_positive("gradient_accumulation_steps", self.gradient_accumulation_steps)
         if not (isinstance(self.warmup_ratio, (int, float)) and 0 <= self.warmup_ratio < 1):
             raise ConfigError("warmup_ratio", self.warmup_ratio, "a number in [0, 1)")

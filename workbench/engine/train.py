@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from workbench.config import ModelChoice, TrainConfig
+from workbench.engine import batch_size as auto_batch
 from workbench.engine import batching, checkpoint, cpu_bf16, distributed, inputs, run_lock
 from workbench.engine.compile import Compiled
 from workbench.engine.compile import prepare as prepare_compile
@@ -122,8 +123,15 @@ def fit(
     lock = run_lock.acquire(config.output_dir) if int(os.environ.get("RANK", "0")) == 0 else None
     try:
         resume_from = checkpoint.resolve_resume(config.output_dir, config.resume)
+        # batch_size="auto": an int from here on (engine/batch_size.py); a resumed run keeps its checkpoint's.
+        config, batch_choice = auto_batch.resolve_batch_size(
+            config, model_choice.name_or_path, precision=precision.precision, rows=_train_rows(splits),
+            checkpoint_record=checkpoint.read_record(resume_from) if resume_from is not None else None)
+        if batch_choice is not None and hasattr(task, "settings"):  # the causal LM's packing choice reads it
+            task.settings = dataclasses.replace(task.settings, batch_size=config.batch_size)
         with stop_on_signals() as stop:
-            run = _prepare(model_choice, splits, task, config, precision, stop, listeners, data_facts)
+            run = _prepare(model_choice, splits, task, config, precision, stop, listeners, data_facts,
+                           batch_choice)
             if lock is not None and lock.note:
                 run.notes.insert(0, (lock.note, "warn"))
             history: list[dict] = []
@@ -136,6 +144,13 @@ def fit(
     finally:
         if lock is not None:
             lock.release()
+
+
+def _train_rows(splits) -> int | None:
+    try:
+        return len(splits["train"])
+    except (KeyError, TypeError):
+        return None
 
 
 def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitResult:
@@ -162,6 +177,7 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
                   config=asdict(config), world_size=acc.num_processes, precision=run.precision.precision,
                   precision_reason=run.precision.reason, compile=run.compiled.describe(),
                   device=str(acc.device), resumed_from_step=run.state.step,
+                  batch_size=config.batch_size, batch_size_auto=run.record.get("batch_size_auto"),
                   label_names=run.task.identity().get("labels", []),
                   divergence={"start": run.guard.start, "bound": run.guard.limit, "window": run.guard.window})
     if acc.is_main_process:  # what the model card, an evaluation and an export read about the run
@@ -508,12 +524,16 @@ def _result(run: _Run, status: str, model_dir: Path | None, history: list[dict],
 
 # ------------------------------------------------------------------------- set-up
 def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: PrecisionChoice,
-             stop: StopRequest, listeners: Sequence[Callable], data_facts: dict | None = None) -> _Run:
+             stop: StopRequest, listeners: Sequence[Callable], data_facts: dict | None = None,
+             batch_choice: auto_batch.BatchChoice | None = None) -> _Run:
     from accelerate.utils import set_seed
 
     # bf16/fp16: Accelerate runs the model's forward under torch.autocast and keeps the weights,
     # gradients and AdamW state in fp32 (the 16-bit copies are made per op, or cached per step).
     accelerator = distributed.make_accelerator(config, precision.precision)
+    if batch_choice is not None and distributed.differs_across_processes(accelerator, config.batch_size):
+        raise TrainingError(f"batch_size auto chose different micro-batches on different GPUs ({batch_choice.reason})",
+                            "set batch_size to a number: every process must use the same one.")
     set_seed(config.seed)  # the new head's initial weights depend on it
     tokenizer = task.load_tokenizer(model_choice)
     # The task sees the precision that runs ("bf16"), not "auto": a frozen LoRA base is loaded in it.
@@ -528,6 +548,8 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: P
     with accelerator.local_main_process_first():  # datasets' cache is written once per node
         train_ds, eval_ds = task.datasets(splits, tokenizer, config.max_length, model)
     notes = [*task.notes, *notes]  # the task's, from checking and encoding the data and loading the model
+    if batch_choice is not None:
+        notes.append((batch_choice.reason, "info"))
     if precision.warning:
         notes.append((precision.warning, "warn"))
     collate = task.collator(tokenizer)
@@ -560,7 +582,8 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: P
                                    extra={"precision_reason": precision.reason,
                                           "model": model_choice.name_or_path,
                                           "model_content": gguf.content_identity(model_choice.name_or_path),
-                                          "data": data_facts or {}, **task.identity()})
+                                          "data": data_facts or {}, **task.identity(),
+                                          "batch_size_auto": batch_choice.record() if batch_choice else None})
     return _Run(config=config, task=task, accelerator=accelerator, model=model, optimizer=optimizer,
                 scheduler=scheduler, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
                 tokenizer=tokenizer, log=log, record=record, precision=precision, total_steps=total_steps,

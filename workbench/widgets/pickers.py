@@ -80,6 +80,7 @@ class ModelPicker(widgets.VBox):
         self.causal_fit: vram.CausalFitCheck | None = None
         self.facts: models.CausalFacts | None = None
         self.cpu_time: cpu_time.CpuTimeEstimate | None = None
+        self.auto_batch: str | None = None  # what batch_size="auto" would use, in words
         self.entries = models.list_models()
         self.found = widgets.Dropdown(
             options=[("(choose a model)", "")] + [(f"{e.name}  [{e.source}]", e.name_or_path)
@@ -225,7 +226,9 @@ class ModelPicker(widgets.VBox):
             self.estimate.value = error_html(e)
             return
         color = {True: "#1b5e20", False: "#b00020", None: "#333"}[self.fit.fits]
-        self.estimate.value = note_html(self.fit.message, color) + self._cpu_time_html(self.fit.free_bytes)
+        self.estimate.value = (note_html(self.fit.message, color)
+                               + self._auto_batch_html(self.fit.free_bytes, self.fit.estimate.precision)
+                               + self._cpu_time_html(self.fit.free_bytes))
 
     def _update_causal_estimate(self) -> None:
         self.fit, self.causal_fit = None, None
@@ -240,8 +243,21 @@ class ModelPicker(widgets.VBox):
         except Exception as e:
             self.estimate.value = error_html(e)
             return
+        chosen = self.causal_fit.estimates[(self.finetune, self.gradient_checkpointing)]
         self.estimate.value = (causal_estimate_html(self.causal_fit, self.finetune, self.gradient_checkpointing)
+                               + self._auto_batch_html(self.causal_fit.free_bytes, chosen.precision)
                                + self._cpu_time_html(self.causal_fit.free_bytes))
+
+    def _auto_batch_html(self, free_bytes: int | None, precision: str) -> str:
+        """What ``batch_size="auto"`` would use with this model and these settings (engine/batch_size.py)."""
+        from workbench.engine import batch_size as auto_batch
+
+        self.auto_batch = None
+        peak = None if free_bytes is None else auto_batch.peak_function(
+            self.info, task=self.task, precision=precision, max_length=self.seq_len,
+            gradient_checkpointing=self.gradient_checkpointing, finetune=self.finetune)
+        self.auto_batch = auto_batch.describe_auto(peak, free_bytes, rows=self.train_rows or None)
+        return note_html(self.auto_batch)
 
     def _cpu_time_html(self, gpu_free_bytes: int | None) -> str:
         """Without a GPU to train on: the time per epoch on this CPU, in the precision a run would use."""
