@@ -216,6 +216,7 @@ class TrainConfig:
     eval_max_new_tokens: int = 64
     merge_adapter: bool = False  # also write model_merged/ (base + adapter, a plain model) at the end
     packing: str | bool = "auto"  # auto | True | False: a batch's conversations in one row, no padding (tasks/causal_lm_packing.py)
+    fused_loss: bool | str = "auto"  # auto: liger-kernel's fused linear cross-entropy on CUDA when installed | True | False (tasks/causal_lm_loss.py)
 
     # task: token_classification only (workbench.tasks.token_classification)
     tokens_column: str | None = None  # a list of words per row; None: "tokens" or "words"
@@ -361,7 +362,7 @@ class TrainConfig:
             raise ConfigError("system_prompt", self.system_prompt, "text, or None")
         if not isinstance(self.merge_adapter, bool):
             raise ConfigError("merge_adapter", self.merge_adapter, "true or false")
-        for name in ("packing",):
+        for name in ("packing", "fused_loss"):
             _check_switch(name, getattr(self, name))
             if getattr(self, name) is True and self.task not in ("auto", "causal_lm"):
                 raise ConfigError(name, True, f"'auto' or False for task {self.task!r}",

@@ -12,6 +12,9 @@ Start reading at ``base.py`` (the protocol), then one task:
                             eval, saving)
     causal_lm_data.py       its data: chat / prompt-completion / text rows and their checks,
                             chat templates, the loss mask, the dataset and padding collator
+    causal_lm_packing.py    packing="auto": a batch's conversations in one row, and when it pays
+    causal_lm_loss.py       fused_loss="auto": liger-kernel's fused linear cross-entropy or the
+                            sparse LM head, and why
     token_classification.py TokenClassificationTask (named entities: a tag per word; seqeval scores)
     token_classification_data.py  its rows: tag checks, the tag scheme, labels aligned to sub-words
     question_answering.py   QuestionAnsweringTask (extractive QA, SQuAD 1.1 and 2.0: spans of a context)

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import ConfigError, DataError
 from workbench.sources.data_files import ROW_COLUMN, RowLocator
+from workbench.tasks import causal_lm_loss as loss_choice
 from workbench.tasks import causal_lm_packing as packing
 from workbench.tasks import lora
 from workbench.tasks.base import (
@@ -97,6 +98,15 @@ def token_loss(model, batch: dict) -> torch.Tensor:
     return F.cross_entropy(logits.float(), targets, reduction="mean")
 
 
+def fused_token_loss(model, batch: dict) -> torch.Tensor:
+    """``token_loss`` through the fused linear cross-entropy (``causal_lm_loss.py``): the hidden
+    states at the same positions and the head's weight, no logits tensor."""
+    keep, targets = _loss_positions(batch["labels"])
+    inner = _unwrap(model)
+    hidden = loss_choice.hidden_at_loss_positions(model, inner, _model_inputs(batch), keep)
+    return loss_choice.fused_linear_ce(hidden, inner.get_output_embeddings().weight, targets)
+
+
 # ------------------------------------------------------------------------- the task
 class CausalLMTask:
     """Causal-LM fine-tuning (full, LoRA, QLoRA) with any AutoModelForCausalLM."""
@@ -113,6 +123,7 @@ class CausalLMTask:
         self.end_ids: set[int] = set()
         self.padding_free = False
         self.packing: packing.PackingChoice | None = None  # chosen in datasets(): the lengths decide "auto"
+        self.loss_path: loss_choice.LossChoice | None = None  # chosen in build_model(): the head decides "auto"
         self.dropped: dict[str, int] = {}  # rows whose supervised tokens were all truncated away
         self.parameters: dict[str, int] = {}
         self.vocab_size: int | None = None  # the LM head's outputs: ln of it is a uniform guess's loss
@@ -363,9 +374,20 @@ class CausalLMTask:
                 # Frozen embeddings give the first checkpointed segment no input that needs grad;
                 # reentrant checkpointing would then drop the adapters' gradients.
                 model.enable_input_require_grads()
+        self.choose_loss(model)
         self.parameters = {"total": sum(p.numel() for p in model.parameters()),
                            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
         return model
+
+    def choose_loss(self, model) -> loss_choice.LossChoice:
+        """Fused linear cross-entropy or the sparse head (``TrainConfig.fused_loss``), said once in the messages."""
+        cuda = torch.cuda.is_available()
+        self.loss_path = loss_choice.choose_loss(
+            self.settings.fused_loss, cuda=cuda, liger=cuda and loss_choice.liger_available(),
+            head_issue=loss_choice.head_problem(model), distributed=self.settings.distributed)
+        if self.loss_path.fused or (cuda and self.settings.fused_loss == "auto"):  # silent on the reference path
+            self.notes.append((self.loss_path.reason, "info"))  # on a CPU, where it could never run
+        return self.loss_path
 
     # ---------------------------------------------------------------- steps
     def rows(self, batch: dict) -> int:
@@ -405,6 +427,8 @@ class CausalLMTask:
         return (batch["labels"][:, 1:] != IGNORE).sum()
 
     def loss(self, model, batch: dict) -> torch.Tensor:
+        if self.loss_path is not None and self.loss_path.fused:
+            return fused_token_loss(model, batch)
         return token_loss(model, batch)
 
     def eval_outputs(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
