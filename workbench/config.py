@@ -197,6 +197,7 @@ class TrainConfig:
     max_skipped_steps: int = 20  # consecutive fp16 overflow skips before giving up
     compile: bool | str = "auto"  # "auto": on CUDA, off on CPU (engine/compile.py says why) | True | False
     compile_mode: str = "auto"  # auto: reduce-overhead (CUDA graphs) on CUDA with bucketed lengths, else default
+    async_checkpoints: bool | str = "auto"  # checkpoints written by a thread: "auto" on CUDA, 1 process, no FSDP | True | False
 
     # task: causal_lm only
     finetune: str = "lora"  # lora | qlora (4-bit base, CUDA only) | full (every weight trains)
@@ -280,6 +281,8 @@ class TrainConfig:
             raise ConfigError("compile", self.compile, "'auto', true or false")
         if self.compile_mode not in COMPILE_MODES:
             raise ConfigError("compile_mode", self.compile_mode, " | ".join(COMPILE_MODES))
+        if not (self.async_checkpoints == "auto" or isinstance(self.async_checkpoints, bool)):
+            raise ConfigError("async_checkpoints", self.async_checkpoints, "'auto', true or false")
         self._check_causal_lm()
         self._check_spans()
 

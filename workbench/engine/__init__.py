@@ -16,6 +16,7 @@ What only the loop uses sits beside it, one job a module:
                     the base model; decides best/ and ends every completed run
     distributed.py  Accelerate, agreement across ranks, launching processes from a notebook
     checkpoint.py   atomic checkpoints and model folders, the run record, resume
+    async_checkpoint.py  async_checkpoints: a snapshot on the training thread, the files from a writer thread
     run_lock.py     one run per output folder; whether a run is alive, asked of its lock
     stopping.py     signals: save and stop
     events.py       events.jsonl, the run's log that every view reads

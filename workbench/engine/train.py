@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from workbench.config import ModelChoice, TrainConfig
+from workbench.engine import async_checkpoint, batching, checkpoint, cpu_bf16, distributed, inputs, run_lock
 from workbench.engine import batch_size as auto_batch
-from workbench.engine import batching, checkpoint, cpu_bf16, distributed, inputs, run_lock
 from workbench.engine.compile import Compiled
 from workbench.engine.compile import prepare as prepare_compile
 from workbench.engine.divergence import DivergenceGuard, measure_start
@@ -80,6 +80,8 @@ class _Run:
     train_dataset: Any = None  # the tokenized training rows and their collator: the guard measures
     collate: Any = None  # the start on them (divergence.measure_start)
     compiled: Compiled = field(default_factory=lambda: Compiled(on=False, reason="not prepared"))  # engine/compile.py
+    checkpoints: async_checkpoint.Writer = field(  # checkpoints written off the training thread, or not
+        default_factory=lambda: async_checkpoint.Writer(on=False, reason="not prepared"))
 
     @property
     def output_dir(self) -> Path:
@@ -176,6 +178,7 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
     run.log.write("start", model=run.record.get("model"), total_steps=run.total_steps, num_epochs=round(run.total_steps / steps_per_epoch, 3),
                   config=asdict(config), world_size=acc.num_processes, precision=run.precision.precision,
                   precision_reason=run.precision.reason, compile=run.compiled.describe(),
+                  async_checkpoints=run.checkpoints.describe(),
                   device=str(acc.device), resumed_from_step=run.state.step,
                   batch_size=config.batch_size, batch_size_auto=run.record.get("batch_size_auto"),
                   label_names=run.task.identity().get("labels", []),
@@ -199,11 +202,13 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
                 checkpoint.set_rng_state(run.rng_before_step)
         if status == "interrupted":
             path = _save_checkpoint(run)
+            _checkpoints_committed(run, wait=True)
             text = (f"Interrupted at step {run.state.step}/{run.total_steps}: checkpoint saved in {path}; "
                     "run the same fit again to continue.")
             _message(run, text, "warn")
             run.log.write("end", status="interrupted", step=run.state.step, metrics=run.state.metrics)
             return _result(run, "interrupted", None, history)
+        _checkpoints_committed(run, wait=True)  # the last save is on disk before the final model
         verdict = final_verdict(f"eval_{config.selection_metric}", run.state,
                                 best_written=(run.output_dir / BEST_DIR).is_dir())
         if acc.is_main_process:  # in the run record before model/ is saved: its model card reads it there
@@ -219,6 +224,8 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
         return _result(run, "completed", model_dir, history, verdict)
     except BaseException as exc:
         if not isinstance(exc, KeyboardInterrupt):  # stopped without saving: no more output
+            with contextlib.suppress(Exception):  # a save in flight still commits (and is logged)
+                _checkpoints_committed(run, wait=True)
             run.log.write("message", text=str(exc), level="error")
             run.log.write("end", status="failed", step=getattr(exc, "step", None) or run.state.step,
                           metrics=run.state.metrics)
@@ -247,6 +254,8 @@ def _train(run: _Run) -> str:
             run.samples += sum(run.task.rows(b) for b in batches)
             state.step = step
             state.batch_in_epoch += len(batches)
+            if run.checkpoints.pending:  # a save written in the background: its event once it is committed
+                _checkpoints_committed(run, wait=False)
             epoch_done = state.batch_in_epoch >= run.batches_per_epoch
             if epoch_done:
                 state.epoch, state.batch_in_epoch = state.epoch + 1, 0
@@ -492,10 +501,21 @@ def _save_checkpoint(run: _Run) -> Path:
     if not checkpoint.weights_finite(run.accelerator, run.model):
         raise TrainingError(f"The weights contain NaN/inf at step {run.state.step}.",
                             "lower learning_rate or use precision='bf16'.", step=run.state.step)
+    if run.checkpoints.on:  # a snapshot now, the files from a thread (engine/async_checkpoint.py)
+        _checkpoints_committed(run, wait=True)  # at most one save in flight
+        return run.checkpoints.save(run.accelerator, run.output_dir, run.state.step, asdict(run.state),
+                                    run.record, keep=run.config.keep_checkpoints)
     path = checkpoint.save_checkpoint(run.accelerator, run.output_dir, run.state.step, asdict(run.state),
                                       run.record, keep=run.config.keep_checkpoints)
     run.log.write("checkpoint", step=run.state.step, path=str(path))
     return path
+
+
+def _checkpoints_committed(run: _Run, wait: bool) -> None:
+    """The ``checkpoint`` event of each background save once its folder is committed, written
+    from this thread; the writer's error (a CheckpointError for a failed write) is raised here."""
+    for step, path in run.checkpoints.completed(wait=wait):
+        run.log.write("checkpoint", step=step, path=str(path))
 
 
 def _save_model(run: _Run, directory: Path, extra: dict | None = None) -> Path:
@@ -573,6 +593,11 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: P
     scheduler = make_scheduler(config.scheduler, optimizer, int(config.warmup_ratio * total_steps), total_steps)
     scheduler = accelerator.prepare(scheduler)  # saved and restored with the accelerator's state
     checkpoint.keep_task_weights(accelerator, task)
+    on, reason, note = async_checkpoint.choose(config.async_checkpoints, accelerator.device.type,
+                                               accelerator.num_processes, config.distributed)
+    if on and (why := async_checkpoint.unsupported(accelerator)):
+        on, reason, note = False, f"synchronous: {why}", f"async_checkpoints: synchronous saves ({why})."
+    notes += [(note, "info")] if note else []
 
     log = EventLog(config.output_dir, enabled=accelerator.is_main_process)
     for listener in listeners if accelerator.is_main_process else ():
@@ -589,13 +614,14 @@ def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: P
                 tokenizer=tokenizer, log=log, record=record, precision=precision, total_steps=total_steps,
                 batches_per_epoch=batches_per_epoch, state=checkpoint.TrainState(micro_batch_size=config.batch_size),
                 stop=stop, notes=notes + compiled.notes, display=bool(listeners), train_dataset=train_ds,
-                collate=collate, compiled=compiled,
+                collate=collate, compiled=compiled, checkpoints=async_checkpoint.Writer(on=on, reason=reason),
                 guard=DivergenceGuard(task.num_classes(), total_steps, language_model=task.name == "causal_lm",
                                       rows_per_step=config.batch_size * config.gradient_accumulation_steps
                                       * accelerator.num_processes))
 
 
 def _close(run: _Run) -> None:
+    run.checkpoints.close()  # never release the folder while a save is being written into it
     run.log.close()
     if run.accelerator.num_processes == 1:
         # Leave the kernel as we found it: accelerate.notebook_launcher refuses to start
