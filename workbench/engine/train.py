@@ -30,7 +30,15 @@ from typing import Any
 import torch
 
 from workbench.config import ModelChoice, TrainConfig
-from workbench.engine import async_checkpoint, batching, checkpoint, cpu_bf16, distributed, inputs, run_lock
+from workbench.engine import (
+    async_checkpoint,
+    batching,
+    checkpoint,
+    cpu_bf16,
+    distributed,
+    inputs,
+    run_lock,
+)
 from workbench.engine import batch_size as auto_batch
 from workbench.engine.compile import Compiled
 from workbench.engine.compile import prepare as prepare_compile
