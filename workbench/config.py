@@ -13,6 +13,7 @@ The next split: the YAML/JSON reading with its line numbers (``_parse`` to ``_li
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -26,11 +27,12 @@ PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 SCHEDULERS = ("linear", "cosine", "constant")
 # torch.compile modes (engine/compile.py); auto: reduce-overhead on CUDA with bucketed lengths, else default
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
-METRICS = ("accuracy", "f1", "loss", "exact_match", "precision", "recall")
+METRICS = ("accuracy", "f1", "loss", "exact_match", "precision", "recall", "reward_accuracy")
 DISTRIBUTED = ("ddp", "fsdp")
 # auto: the task the data's columns say (engine/inputs.py, resolve_task): question/context/answers
-# -> question_answering, tokens + tags -> token_classification, chats -> causal_lm, else classification
-TASKS = ("auto", "classification", "causal_lm", "token_classification", "question_answering")
+# -> question_answering, tokens + tags -> token_classification, chosen + rejected -> preference,
+# chats -> causal_lm, else classification
+TASKS = ("auto", "classification", "causal_lm", "token_classification", "question_answering", "preference")
 # causal_lm settings (their meaning: workbench.tasks.causal_lm and causal_lm_data)
 FINETUNE = ("lora", "qlora", "full")
 LOSS_ON = ("completion", "all")
@@ -40,10 +42,15 @@ DATA_FORMATS = ("auto", "messages", "prompt_completion", "text")
 SUBWORD_LABELS = ("first", "all")
 TASK_METRICS = {"classification": ("accuracy", "f1", "loss"), "causal_lm": ("loss", "exact_match"),
                 "token_classification": ("f1", "precision", "recall", "accuracy", "loss"),
-                "question_answering": ("f1", "exact_match", "loss")}
+                "question_answering": ("f1", "exact_match", "loss"), "preference": ("reward_accuracy", "loss")}
 # The metric that picks the best model when best_metric is None (entity F1 for NER, as seqeval reports it).
 DEFAULT_BEST_METRIC = {"classification": "accuracy", "causal_lm": "loss", "token_classification": "f1",
-                       "question_answering": "f1"}
+                       "question_answering": "f1", "preference": "reward_accuracy"}
+# preference: what is optimized on (prompt, chosen, rejected) rows (workbench.tasks.preference_loss)
+PREFERENCE_LOSSES = ("dpo", "ipo", "simpo", "orpo")
+# beta when it is not set: DPO's and IPO's 0.1 (TRL's default), SimPO's 2.0 (its paper's range is
+# 2.0-2.5), ORPO's weight of the odds-ratio term lambda = 0.1 (its paper's, as in TRL)
+DEFAULT_BETA = {"dpo": 0.1, "ipo": 0.1, "simpo": 2.0, "orpo": 0.1}
 
 
 def window_stride(doc_stride: int | None, max_length: int) -> int:
@@ -165,11 +172,12 @@ class TrainConfig:
     and label columns), ``causal_lm`` (a language model on chats, prompt/completion
     pairs or plain text, fully or with LoRA/QLoRA adapters; the fields after
     ``max_skipped_steps`` apply to it only), ``token_classification`` (a tag per word:
-    named entities) or ``question_answering`` (extractive: a span of the context); the
-    fields of each are grouped below. ``auto`` (the default) picks one from the data's columns.
+    named entities), ``question_answering`` (extractive: a span of the context) or
+    ``preference`` (a language model aligned on chosen/rejected answer pairs: DPO, IPO, SimPO,
+    ORPO; the causal_lm fields apply to it too); the fields of each are grouped below. ``auto`` (the default) picks one from the data's columns.
     """
 
-    task: str = "auto"  # auto | classification | causal_lm | token_classification | question_answering
+    task: str = "auto"  # auto | classification | causal_lm | token_classification | question_answering | preference
     output_dir: str = "outputs/run"  # checkpoints, event log, final model
     learning_rate: float | None = None  # None: 2e-5 (BERT recipe, full fine-tuning), 2e-4 for LoRA/QLoRA
     num_epochs: float = 3.0
@@ -218,6 +226,13 @@ class TrainConfig:
     merge_adapter: bool = False  # also write model_merged/ (base + adapter, a plain model) at the end
     packing: str | bool = "auto"  # auto | True | False: a batch's conversations in one row, no padding (tasks/causal_lm_packing.py)
     fused_loss: bool | str = "auto"  # auto: liger-kernel's fused linear cross-entropy on CUDA when installed | True | False (tasks/causal_lm_loss.py)
+
+    # task: preference only (workbench.tasks.preference; the causal_lm fields above apply too)
+    preference_loss: str = "dpo"  # dpo | ipo (against a reference model) | simpo | orpo (reference-free)
+    beta: float | None = None  # None: 0.1 (dpo, ipo, orpo's lambda), 2.0 (simpo)
+    simpo_gamma: float = 0.5  # simpo's target reward margin
+    chosen_column: str = "chosen"  # the preferred answer (text, or a list of assistant messages)
+    rejected_column: str = "rejected"  # the answer that should become less likely
 
     # task: token_classification only (workbench.tasks.token_classification)
     tokens_column: str | None = None  # a list of words per row; None: "tokens" or "words"
@@ -284,7 +299,24 @@ class TrainConfig:
         if not (self.async_checkpoints == "auto" or isinstance(self.async_checkpoints, bool)):
             raise ConfigError("async_checkpoints", self.async_checkpoints, "'auto', true or false")
         self._check_causal_lm()
+        self._check_preference()
         self._check_spans()
+
+    def _check_preference(self) -> None:
+        if self.preference_loss not in PREFERENCE_LOSSES:
+            raise ConfigError("preference_loss", self.preference_loss, " | ".join(PREFERENCE_LOSSES))
+        if self.beta is not None:
+            _check_positive("beta", self.beta, kind=float)
+        if isinstance(self.simpo_gamma, bool) or not isinstance(self.simpo_gamma, (int, float)) \
+                or not math.isfinite(self.simpo_gamma) or self.simpo_gamma < 0:
+            raise ConfigError("simpo_gamma", self.simpo_gamma, "a number >= 0 (0.5: SimPO's usual margin)")
+        for name in ("chosen_column", "rejected_column"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(name, getattr(self, name), "a column name")
+        if self.task == "preference" and self.eval_generate:
+            raise ConfigError("eval_generate", self.eval_generate, "0 for task preference",
+                              fix="set eval_generate: 0: a preference run is judged by its held-out reward "
+                                  "accuracy (eval_reward_accuracy), not by exact match with one reference answer.")
 
     @property
     def lr(self) -> float:
@@ -292,7 +324,14 @@ class TrainConfig:
         rate that full fine-tuning uses (2e-4 vs 2e-5, as in the LoRA and QLoRA papers' recipes)."""
         if self.learning_rate is not None:
             return self.learning_rate
+        if self.task == "preference":  # pushing an already good model apart from its reference: gentler
+            return 5e-5 if self.finetune != "full" else 1e-6  # TRL's DPO default for full fine-tuning
         return 2e-4 if self.task == "causal_lm" and self.finetune != "full" else 2e-5
+
+    @property
+    def preference_beta(self) -> float:
+        """``beta``, or the preference loss's usual value (``DEFAULT_BETA``)."""
+        return float(self.beta) if self.beta is not None else DEFAULT_BETA[self.preference_loss]
 
     @property
     def selection_metric(self) -> str:

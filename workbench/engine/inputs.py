@@ -30,6 +30,8 @@ def make_config(config: TrainConfig | None, overrides: dict[str, Any]) -> TrainC
 OWN_COLUMNS = {
     "causal_lm": "name the data's columns with messages_column, prompt_column + completion_column, or "
                  "text_column (TrainConfig fields).",
+    "preference": "name the data's columns with prompt_column, chosen_column and rejected_column (TrainConfig "
+                  "fields).",
     "token_classification": "name the data's columns with tokens_column and tags_column (TrainConfig "
                             "fields), or leave them to be found (tokens / words; ner_tags / tags / labels).",
     "question_answering": "name the data's columns with question_column, context_column and answers_column "

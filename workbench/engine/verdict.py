@@ -13,6 +13,8 @@ with a baseline:
   tagging every word O (entity F1 0; word accuracy the share of O);
 - an extractive QA model: answering nothing (exact match and F1 0 on SQuAD 1.1-style data,
   the share of unanswerable questions on 2.0-style data);
+- a preference-tuned model: chance, a coin flip between the answers (reward accuracy 0.5,
+  DPO's loss ln 2);
 - a language model: the base model's evaluation when it is known (the step-0 evaluation,
   ``eval_before_training=True``), else the run's first evaluation.
 
@@ -46,7 +48,7 @@ import math
 from typing import Any
 
 OUTCOMES = ("better", "no_better", "worse", "unknown")
-SHARES = ("accuracy", "f1", "exact_match")  # metrics that are fractions of rows
+SHARES = ("accuracy", "f1", "exact_match", "reward_accuracy")  # metrics that are fractions of rows
 STANDARD_ERRORS = 2.0
 MIN_SHARE_MARGIN = 0.01
 LOSS_MARGIN = 0.005  # relative to the baseline's loss; at least this many nats

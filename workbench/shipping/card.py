@@ -52,7 +52,7 @@ KINDS = {
     "gguf": "a GGUF export of the run's final model (llama.cpp, Ollama, LM Studio)",
 }
 # The pipeline each task's model is loaded with (the Hub's pipeline_tag), and what its training is called.
-PIPELINE_TAGS = {"causal_lm": "text-generation", "classification": "text-classification",
+PIPELINE_TAGS = {"causal_lm": "text-generation", "preference": "text-generation", "classification": "text-classification",
                  "token_classification": "token-classification", "question_answering": "question-answering"}
 METHODS = {"classification": "fine-tuning (sequence classification)",
            "token_classification": "fine-tuning (token classification: a tag per word)",
@@ -113,7 +113,7 @@ def build_card(folder: str | os.PathLike, run_dir: str | os.PathLike | None = No
     ends = [e for e in events if e.get("kind") == "end"]
     config = record.get("config") or (starts[-1].get("config") if starts else {}) or {}
     task = record.get("task") or config.get("task") or run.task or "classification"
-    causal = task == "causal_lm"
+    causal = task in ("causal_lm", "preference")
     adapter = (folder / "adapter_config.json").is_file()
     base = record.get("model") or run.model or _adapter_base(folder)
     data = record.get("data") or {}
@@ -216,7 +216,7 @@ def _usage(folder, kind, task, adapter, base, export) -> str:
                 f"qa = pipeline(\"question-answering\", model={path!r}, trust_remote_code=True)",
                 "print(qa(question=\"Where was Marie Curie born?\", context=\"Marie Curie was born in Warsaw.\"))",
                 "```"]
-    elif task == "causal_lm":
+    elif task in ("causal_lm", "preference"):
         code = ["```python", "from transformers import pipeline", "",
                 f"generator = pipeline(\"text-generation\", model={path!r})",
                 "reply = generator([{\"role\": \"user\", \"content\": \"Hello!\"}], max_new_tokens=128)",

@@ -70,7 +70,7 @@ def detect_task(ds: Dataset, question_column: str = "question", context_column: 
     """The task whose data ``ds`` looks like, from its columns and first row.
 
     question + context + answers: ``question_answering``; a list of words and a list of tags:
-    ``token_classification``; chat messages or prompt + completion: ``causal_lm``; anything
+    ``token_classification``; chosen + rejected answers: ``preference``; chat messages or prompt + completion: ``causal_lm``; anything
     else: ``classification`` (whose own checks then name the columns it needs).
     """
     columns = set(ds.column_names)
@@ -78,6 +78,8 @@ def detect_task(ds: Dataset, question_column: str = "question", context_column: 
         return "question_answering"
     if find_token_columns(ds):
         return "token_classification"
+    if {"chosen", "rejected"} <= columns:  # TRL's preference columns (prompt optional)
+        return "preference"
     first = ds[0] if len(ds) else {}
     chats = any(isinstance(v, list) and v and all(isinstance(m, dict) and "role" in m for m in v)
                 for v in first.values())

@@ -1,4 +1,4 @@
-"""Offline chat data for tests, the `ci` regression profile and benchmarks.
+"""Offline chat data (and preference pairs on it) for tests, the `ci` regression profile and benchmarks.
 
 A reading task with short answers, shaped like real instruction data: a prompt of
 a few dozen tokens (some notes, one of which holds the fact asked about, then the
@@ -52,6 +52,46 @@ def make_chat_dataset(n_train: int = 200, n_eval: int = 40, fmt: str = "messages
     return DatasetDict({
         "train": Dataset.from_list(make_chat_rows(n_train, seed, fmt)),
         "validation": Dataset.from_list(make_chat_rows(n_eval, seed + 1, fmt)),
+    })
+
+
+EVASIVE = ["I am not sure.", "I cannot tell you that.", "Nobody knows.", "Maybe ask someone else.",
+           "That is hard to say.", "I do not know."]
+
+
+def make_preference_rows(n: int, seed: int = 0, fmt: str = "conversational") -> list[dict]:
+    """``n`` preference pairs on :func:`make_chat_rows`' questions: the chosen answer gives the
+    color from the notes, the rejected one evades (half the time) or names another color.
+
+    ``fmt``: ``conversational`` (TRL's prompt/chosen/rejected message lists), ``standard``
+    (the same as strings) or ``implicit`` (whole conversations, no prompt column).
+    """
+    rng = random.Random(seed + 7919)  # not the chat rows' own stream: their questions stay the same
+    rows = []
+    for chat in make_chat_rows(n, seed):
+        prompt, answer = chat["messages"][0]["content"], chat["messages"][1]["content"]
+        color = answer.removeprefix("It is ").rstrip(".")
+        wrong = rng.choice([c for c in COLORS if c != color])
+        rejected = rng.choice(EVASIVE) if rng.random() < 0.5 else f"It is {wrong}."
+        user = [{"role": "user", "content": prompt}]
+        if fmt == "standard":
+            rows.append({"prompt": prompt, "chosen": answer, "rejected": rejected})
+        elif fmt == "implicit":
+            rows.append({"chosen": [*user, {"role": "assistant", "content": answer}],
+                         "rejected": [*user, {"role": "assistant", "content": rejected}]})
+        else:
+            rows.append({"prompt": user, "chosen": [{"role": "assistant", "content": answer}],
+                         "rejected": [{"role": "assistant", "content": rejected}]})
+    return rows
+
+
+def make_preference_dataset(n_train: int = 200, n_eval: int = 40, fmt: str = "conversational", seed: int = 0):
+    """A DatasetDict with train and validation splits of :func:`make_preference_rows`."""
+    from datasets import Dataset, DatasetDict
+
+    return DatasetDict({
+        "train": Dataset.from_list(make_preference_rows(n_train, seed, fmt)),
+        "validation": Dataset.from_list(make_preference_rows(n_eval, seed + 1, fmt)),
     })
 
 

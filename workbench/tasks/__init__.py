@@ -21,6 +21,10 @@ Start reading at ``base.py`` (the protocol), then one task:
     question_answering_data.py    its rows: answer checks, context windows and their labels
     qa_pipeline.py          the post-processing (best span over windows) and the pipeline saved
                             beside a QA model (standalone: transformers 5 has no QA pipeline)
+    preference.py           PreferenceTask (DPO, IPO, SimPO, ORPO on chosen/rejected pairs; the
+                            reference is the model with its adapter off)
+    preference_data.py      its pairs: TRL's formats, their checks, each answer's tokens, the collator
+    preference_loss.py      the losses, rewards and reward accuracy from the answers' log-probabilities
     lora.py                 LoRA / QLoRA adapters (the only importer of peft, with causal_lm)
     metrics.py              accuracy / F1, entity scores (seqeval), SQuAD exact match / F1
 
@@ -44,6 +48,10 @@ def make_task(config: TrainConfig, text_columns, label_column: str) -> Task:
         from workbench.tasks.causal_lm import CausalLMTask
 
         return CausalLMTask(config)
+    if config.task == "preference":
+        from workbench.tasks.preference import PreferenceTask
+
+        return PreferenceTask(config)
     if config.task == "token_classification":
         from workbench.tasks.token_classification import TokenClassificationTask
 

@@ -115,7 +115,7 @@ class CausalLMTask:
 
     def __init__(self, settings: TrainConfig | None = None, **overrides):
         """``settings``: the run's TrainConfig (its causal_lm fields); ``overrides``: fields to change."""
-        self.settings = dataclasses.replace(settings or TrainConfig(task="causal_lm"), task="causal_lm",
+        self.settings = dataclasses.replace(settings or TrainConfig(task=self.name), task=self.name,
                                             **overrides)
         self.format: str | None = None
         self.model_name: str | None = None
@@ -265,11 +265,7 @@ class CausalLMTask:
         return tokenizer
 
     def datasets(self, splits, tokenizer, max_length: int, model=None):
-        self.end_ids = {tokenizer.eos_token_id}
-        generation = getattr(model, "generation_config", None)
-        stop = getattr(generation, "eos_token_id", None)
-        self.end_ids |= set(stop if isinstance(stop, (list, tuple)) else [stop] if stop is not None else [])
-        self.end_ids.discard(None)
+        self.set_end_ids(tokenizer, model)
         if self.format is None:
             self.check_data(splits)
         train, self.eval_dataset = (self._encode_split(splits, s, tokenizer, max_length)
@@ -284,6 +280,14 @@ class CausalLMTask:
             self.notes.append((self.packing.reason, "info"))
         return train, self.eval_dataset
 
+    def set_end_ids(self, tokenizer, model) -> None:
+        """The tokens that end an answer: EOS and the generation config's stop tokens."""
+        self.end_ids = {tokenizer.eos_token_id}
+        generation = getattr(model, "generation_config", None)
+        stop = getattr(generation, "eos_token_id", None)
+        self.end_ids |= set(stop if isinstance(stop, (list, tuple)) else [stop] if stop is not None else [])
+        self.end_ids.discard(None)
+
     def _encode_split(self, splits, split: str, tokenizer, max_length: int) -> CausalLMDataset:
         settings, fmt, ds = self.settings, self.format, splits[split]
         locate = RowLocator(splits, split)
@@ -296,14 +300,8 @@ class CausalLMTask:
                 else:
                     ids, labels = encode_chat(tokenizer, to_messages(row, fmt, settings), max_length=max_length,
                                               loss_on=settings.loss_on, end_ids=self.end_ids)
-            except TemplateProblem as exc:
-                raise TemplateProblem(f"{exc.message} (first seen on {locate(i)})", exc.fix) from None
-            except Exception as exc:  # jinja2's TemplateError, raise_exception() in the template...
-                if "jinja" not in type(exc).__module__ and "TemplateError" not in type(exc).__name__:
-                    raise
-                raise DataError(f"The chat template fails on {locate(i)}: {exc}",
-                                "fix that row (many templates require user/assistant turns to alternate and "
-                                "allow one system message, first), or use another chat_template.") from None
+            except Exception as exc:  # noqa: BLE001 - template_failure re-raises what is not the template's
+                raise template_failure(exc, locate(i)) from None
             if all(t == IGNORE for t in labels[1:]):
                 dropped.append(i)  # the answer lies beyond max_length: a row with no loss teaches nothing
                 continue
@@ -556,6 +554,19 @@ class CausalLMTask:
 
 
 # -------------------------------------------------------------------------- helpers
+def template_failure(exc: Exception, where: str) -> Exception:
+    """What to raise when encoding the row at ``where`` raised ``exc``: the template's own failures
+    (TemplateProblem; jinja2's TemplateError, raise_exception() in a template) with the row named,
+    anything else as it is."""
+    if isinstance(exc, TemplateProblem):
+        return TemplateProblem(f"{exc.message} (first seen on {where})", exc.fix)
+    if "jinja" not in type(exc).__module__ and "TemplateError" not in type(exc).__name__:
+        return exc
+    return DataError(f"The chat template fails on {where}: {exc}",
+                     "fix that row (many templates require user/assistant turns to alternate and "
+                     "allow one system message, first), or use another chat_template.")
+
+
 def _frozen_base_dtype(precision: str) -> torch.dtype | None:
     """The dtype of a frozen LoRA base for a run in ``precision`` (as resolved: the engine passes
     what runs); None: fp32. On a GPU 16-bit unless fp32 was asked for; on a CPU bf16 when bf16 runs."""
