@@ -54,8 +54,17 @@ def _parameters(nb: dict) -> dict:
     return values
 
 
-def test_all_nine_notebooks_are_there():
-    assert [p.stem[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04", "05", "06", "07", "08"]
+def test_all_ten_notebooks_are_there():
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09"]
+
+# The preference notebook: an instruct (SFT) model, its pretrained base for the playground, and
+# TRL's standard preference set; DPO with LoRA at TRL's beta.
+PREFERENCE_PARAMETERS = {
+    "model_name": "Qwen/Qwen2.5-0.5B-Instruct", "pretrained_model_name": "Qwen/Qwen2.5-0.5B",
+    "dataset_name": "trl-lib/ultrafeedback_binarized", "dataset_config": None, "data_files": None,
+    "train_split": "train", "eval_split": "test", "preference_loss": "dpo", "beta": 0.1, "finetune": "lora",
+    "precision": "auto",
+}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -76,6 +85,9 @@ def test_notebook_is_a_clean_document(path):
         assert {k: params[k] for k in EVALUATE_PARAMETERS} == EVALUATE_PARAMETERS
     elif path.stem == "08_ner_and_qa":
         assert {k: params[k] for k in SPAN_PARAMETERS} == SPAN_PARAMETERS
+    elif path.stem == "09_preference_tuning":
+        assert {k: params[k] for k in PREFERENCE_PARAMETERS} == PREFERENCE_PARAMETERS
+        assert params["max_train_rows"] and params["max_eval_rows"] and params["max_steps"] <= 500
     elif path.stem != "00_environment_check":
         assert {k: params[k] for k in TRAINING_PARAMETERS} == TRAINING_PARAMETERS
     assert "workbench.record(" in "".join("".join(c["source"]) for c in nb["cells"])

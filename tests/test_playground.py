@@ -70,3 +70,29 @@ def test_sampling_settings_and_errors_land_in_the_status(adapter_dir):
     playground.generate("hello", wait=True)
     assert playground.errors and "CUDA out of memory" in playground.errors[0]
     assert "out of memory" in playground.status.value and not playground.button.disabled
+
+
+def test_earlier_models_get_their_own_columns_left_of_base_and_tuned(adapter_dir, tiny_llama_dir):
+    """After preference tuning: the pretrained model, the SFT model (adapter off) and the tuned one."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workbench.widgets.playground import Playground
+
+    tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
+    other = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p) * 0.2)  # another model: its greedy answer differs
+    playground = Playground.from_adapter(adapter_dir, earlier={"pretrained": other}, max_new_tokens=6,
+                                         temperature=0.0, titles=("SFT (adapter off)", "preference-tuned"))
+    assert list(playground.answers) == ["pretrained", "SFT (adapter off)", "preference-tuned"]
+    playground.generate("Name a colour.", wait=True)
+    assert playground.errors == [] and playground.status.value == "done"
+    assert playground.answers["pretrained"].value == _greedy(other, tokenizer, "Name a colour.", 6)
+    assert playground.answers["SFT (adapter off)"].value == playground.base_answer.value
+    assert playground.base_answer.value == _greedy(AutoModelForCausalLM.from_pretrained(tiny_llama_dir).eval(),
+                                                   tokenizer, "Name a colour.", 6)
+    assert len({a.value for a in playground.answers.values()}) == 3
+    with pytest.raises(ValueError, match="titles"):
+        Playground(other, tokenizer, earlier={"fine-tuned": other})

@@ -197,6 +197,37 @@ def test_dpo_with_lora_starts_at_the_reference_and_learns_the_preference(dpo_run
     assert "adapter off" in record["preference"]["reference"]
 
 
+def test_train_events_carry_the_reward_metrics_and_the_chart_draws_them(dpo_run):
+    """Each train line has the train pairs' reward accuracy, rewards, margin and log-probabilities:
+    step 1's forward is at the reference (all rewards 0, a tie: 0.5), later ones learned."""
+    from workbench.engine.progress import RunHistory, format_train_line, plot_history
+
+    _, out = dpo_run
+    events = _events(out)
+    trains = [e for e in events if e["kind"] == "train"]
+    first, late = trains[0], trains[-4:]
+    assert first["step"] == 1
+    assert first["reward_accuracy"] == pytest.approx(0.5) and first["reward_margin"] == pytest.approx(0, abs=1e-6)
+    assert first["rewards_chosen"] == pytest.approx(0, abs=1e-6)
+    assert sum(e["reward_accuracy"] for e in late) / len(late) > 0.6, late
+    assert all(e["reward_margin"] > 0 for e in late)
+    assert all(e["logps_chosen"] > e["logps_rejected"] - 50 for e in trains)  # mean log-probs, not sums or junk
+    assert "reward acc" in format_train_line(trains[-1]) and "margin" in format_train_line(trains[-1])
+
+    history = RunHistory()
+    for event in events:
+        history.add(event)
+    fig = plot_history(history)
+    metric_ax, rewards_ax = fig.axes[1], fig.axes[2]
+    assert len(fig.axes) == 3
+    labels = {line.get_label() for line in metric_ax.lines}
+    assert {"reward_accuracy", "train reward_accuracy"} <= labels
+    reward_labels = {line.get_label() for line in rewards_ax.lines}
+    assert {"rewards chosen", "rewards rejected", "reward margin"} <= reward_labels
+    train_margin = next(line for line in rewards_ax.lines if line.get_label() == "reward margin")
+    assert list(train_margin.get_ydata()) == pytest.approx([e["reward_margin"] for e in trains])
+
+
 def test_the_tuned_adapter_prefers_the_chosen_answers_outside_the_engine(dpo_run, trained_tiny_llama):
     """Loaded with peft as a user would: the chosen answers' log-probability gain over the base
     model beats the rejected answers' on held-out pairs it never saw."""

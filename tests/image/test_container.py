@@ -339,7 +339,7 @@ def test_typed_jupyter_lab_runs_no_user_config_file(fresh_labs):
 # --- the image's main job -------------------------------------------------------------------
 
 
-@pytest.mark.timeout(3000)  # nine notebooks on two CPU cores: ~5 minutes idle on the host, more at load
+@pytest.mark.timeout(3000)  # ten notebooks on two CPU cores: ~7 minutes idle on the host, more at load
 def test_regress_ci_profile_passes_inside(lab):
     """`workbench regress --profile ci`, offline, in the container (as papermill CI users run it).
 

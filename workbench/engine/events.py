@@ -224,6 +224,9 @@ _TRAIN_TAGS = {
     "lr": "train/lr",
     "samples_per_s": "train/samples_per_s",
     "gpu_mem_bytes": "train/gpu_mem_bytes",
+    # a preference run's train pairs (tasks/preference.py TRAIN_METRICS)
+    **{name: f"train/{name}" for name in ("reward_accuracy", "rewards_chosen", "rewards_rejected",
+                                          "reward_margin", "logps_chosen", "logps_rejected")},
 }
 
 

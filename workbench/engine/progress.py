@@ -57,6 +57,7 @@ class RunHistory:
         self.end: dict | None = None
         self.train_steps: list[int] = []
         self.train_loss: list[float] = []
+        self.train_events: list[dict] = []  # those with a loss, in step order: a task's own train metrics
         self.evals: list[dict] = []
         self.checkpoints: list[dict] = []
         self.messages: list[dict] = []
@@ -78,6 +79,7 @@ class RunHistory:
             if is_number(event.get("loss")):
                 self.train_steps.append(step)
                 self.train_loss.append(float(event["loss"]))
+                self.train_events.append(event)
         elif kind == "eval":
             if self.evals and _step(event) <= _step(self.evals[-1]):
                 self.evals = [e for e in self.evals if _step(e) < _step(event)]
@@ -93,6 +95,7 @@ class RunHistory:
         keep = sum(1 for s in self.train_steps if s < step)
         del self.train_steps[keep:]
         del self.train_loss[keep:]
+        del self.train_events[keep:]
         self.evals = [e for e in self.evals if _step(e) < step]
 
     @property
@@ -174,6 +177,10 @@ def format_train_line(event: dict, total_steps: int | None = None) -> str:
         parts.append(f"loss {event['loss']:.4f}")
     elif "loss" in event:
         parts.append(f"loss {event['loss']}")  # NaN / inf: show it, it matters
+    if is_number(event.get("reward_accuracy")):  # a preference run's train pairs since the last line
+        parts.append(f"reward acc {event['reward_accuracy']:.2f}")
+    if is_number(event.get("reward_margin")):
+        parts.append(f"margin {event['reward_margin']:.3f}")
     if is_number(event.get("lr")):
         parts.append(f"lr {event['lr']:.1e}")
     if is_number(event.get("samples_per_s")):
@@ -262,14 +269,18 @@ def format_event(event: dict, history: RunHistory | None = None) -> str | None:
 def plot_history(history: RunHistory, figure=None):
     """Draw train/eval loss and the eval metrics against steps on a matplotlib Figure.
 
-    Uses ``matplotlib.figure.Figure`` directly, not pyplot, so drawing never touches
-    the notebook's global figure state or needs a GUI backend.
+    A preference run gets a third panel: the rewards of the chosen and rejected answers and
+    their margin (train lines, eval dots), and its metric panel is the reward accuracy, train
+    and held-out. Uses ``matplotlib.figure.Figure`` directly, not pyplot, so drawing never
+    touches the notebook's global figure state or needs a GUI backend.
     """
     from matplotlib.figure import Figure
 
-    fig = figure or Figure(figsize=(10, 3.4), layout="constrained")
+    preference = _is_preference(history)
+    fig = figure or Figure(figsize=(14 if preference else 10, 3.4), layout="constrained")
     fig.clear()
-    loss_ax, metric_ax = fig.subplots(1, 2)
+    axes = fig.subplots(1, 3 if preference else 2)
+    loss_ax, metric_ax = axes[0], axes[1]
     if history.train_steps:
         loss_ax.plot(history.train_steps, history.train_loss, label="train loss", linewidth=1.2)
     eval_steps = [_step(e) for e in history.evals]
@@ -281,24 +292,60 @@ def plot_history(history: RunHistory, figure=None):
     if loss_ax.lines:
         loss_ax.legend(loc="upper right")
 
-    metric_names = [k for k in ("eval_accuracy", "eval_f1") if any(k in e for e in history.evals)]
+    metric_names = [k for k in ("eval_accuracy", "eval_f1", "eval_reward_accuracy")
+                    if any(k in e for e in history.evals)]
     for name in metric_names:
         metric_ax.plot(eval_steps, [e.get(name) for e in history.evals], "o-", label=name[5:])
-    metric_ax.set_title("eval metrics")
+    values = [e[k] for e in history.evals for k in metric_names if is_number(e.get(k))]
+    if preference:
+        steps, train_accuracy = _train_series(history, "reward_accuracy")
+        if steps:
+            metric_ax.plot(steps, train_accuracy, linewidth=1.0, alpha=0.7, label="train reward_accuracy")
+            values += train_accuracy
+        metric_ax.axhline(0.5, color="gray", linewidth=0.8, linestyle=":")  # chance
+        _plot_rewards(axes[2], history, eval_steps)
+    metric_ax.set_title("reward accuracy (dotted: chance)" if preference else "eval metrics")
     metric_ax.set_xlabel("step")
-    if metric_names:
+    if metric_ax.lines:
         metric_ax.legend(loc="best")
-        values = [e[k] for e in history.evals for k in metric_names if is_number(e.get(k))]
         if values and min(values) >= 0 and max(values) <= 1:  # fractions: keep 1.0 in view
             metric_ax.set_ylim(max(0.0, min(values) - 0.05), 1.01)
-    else:
+    if not metric_names and not (preference and metric_ax.lines):
         metric_ax.text(0.5, 0.5, "no evaluation yet", ha="center", va="center",
                        transform=metric_ax.transAxes, color="gray")
     if history.total_steps:
-        for ax in (loss_ax, metric_ax):
+        for ax in axes:
             ax.set_xlim(0, history.total_steps * 1.02)
     fig.suptitle(_chart_title(history), fontsize=10)
     return fig
+
+
+def _is_preference(history: RunHistory) -> bool:
+    return (any("eval_reward_accuracy" in e for e in history.evals)
+            or any("reward_accuracy" in e for e in history.train_events))
+
+
+def _train_series(history: RunHistory, name: str) -> tuple[list[int], list[float]]:
+    pairs = [(e["step"], float(e[name])) for e in history.train_events if is_number(e.get(name))]
+    return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def _plot_rewards(ax, history: RunHistory, eval_steps: list[int]) -> None:
+    """Rewards of the chosen and rejected answers and their margin: DPO can widen the margin
+    while both fall, which only this panel shows."""
+    for name, color in (("rewards_chosen", "C2"), ("rewards_rejected", "C3"), ("reward_margin", "C0")):
+        steps, values = _train_series(history, name)
+        if steps:
+            ax.plot(steps, values, color=color, linewidth=1.0, alpha=0.7, label=name.replace("_", " "))
+        held_out = [e.get("eval_" + name) for e in history.evals]
+        if any(is_number(v) for v in held_out):
+            ax.plot(eval_steps, held_out, "o", color=color, markersize=4,
+                    label=None if steps else "eval " + name.replace("_", " "))
+    ax.axhline(0.0, color="gray", linewidth=0.8, linestyle=":")
+    ax.set_title("rewards (lines: train, dots: eval)")
+    ax.set_xlabel("step")
+    if ax.lines:
+        ax.legend(loc="best", fontsize=8)
 
 
 def plot_runs(histories: dict[str, RunHistory], figure=None):
@@ -309,7 +356,7 @@ def plot_runs(histories: dict[str, RunHistory], figure=None):
     fig = figure or Figure(figsize=(10, 3.6), layout="constrained")
     fig.clear()
     loss_ax, metric_ax = fig.subplots(1, 2)
-    metric_names = [k for k in ("eval_accuracy", "eval_f1", "eval_exact_match")
+    metric_names = [k for k in ("eval_accuracy", "eval_f1", "eval_exact_match", "eval_reward_accuracy")
                     if any(k in e for h in histories.values() for e in h.evals)]
     colors = [f"C{i % 10}" for i in range(len(histories))]
     for (name, history), color in zip(histories.items(), colors, strict=True):
@@ -320,7 +367,7 @@ def plot_runs(histories: dict[str, RunHistory], figure=None):
         if any(is_number(v) for v in eval_loss):
             loss_ax.plot(eval_steps, eval_loss, "o--", color=color, markersize=4,
                          label=None if history.train_steps else name)
-        for name_, style in zip(metric_names, ("o-", "s--", "^:"), strict=False):
+        for name_, style in zip(metric_names, ("o-", "s--", "^:", "d-."), strict=False):
             values = [e.get(name_) for e in history.evals]
             if any(is_number(v) for v in values):
                 metric_ax.plot(eval_steps, values, style, color=color, markersize=4,

@@ -426,8 +426,21 @@ def _log_train(run: _Run) -> None:
         "train", step=state.step, epoch=round(state.epoch + state.batch_in_epoch / run.batches_per_epoch, 4),
         loss=loss, lr=run.scheduler.get_last_lr()[0], samples_per_s=round(samples_per_s, 2),
         gpu_mem_bytes=gpu_mem, eta_s=round(seconds_per_step * (run.total_steps - state.step), 1),
-        skipped_steps=state.skipped_steps, micro_batch_size=state.micro_batch_size,
+        skipped_steps=state.skipped_steps, micro_batch_size=state.micro_batch_size, **_train_metrics(run),
     )
+
+
+def _train_metrics(run: _Run) -> dict[str, float]:
+    """The task's own train-side means since the last log (Task.take_train_tally), over every process."""
+    take = getattr(run.task, "take_train_tally", None)
+    tally = take() if take is not None else None
+    if tally is None:
+        return {}
+    names, sums = tally
+    if run.accelerator.num_processes > 1:
+        sums = run.accelerator.reduce(sums, "sum")
+    rows, *values = sums.tolist()  # host sync, once per log interval as for the losses
+    return {name: round(value / rows, 6) for name, value in zip(names, values, strict=True)} if rows else {}
 
 
 def _compile_notes(run: _Run) -> None:

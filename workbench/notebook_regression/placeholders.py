@@ -1,5 +1,5 @@
-"""``{tiny_model}``, ``{tiny_data}``, ``{smollm2}``, ``{chat_data}``, ``{minilm}``, ``{ner_data}``,
-``{qa_data}`` and ``{output_dir}`` in profile parameters.
+"""``{tiny_model}``, ``{tiny_data}``, ``{smollm2}``, ``{chat_data}``, ``{pref_data}``, ``{minilm}``,
+``{ner_data}``, ``{qa_data}`` and ``{output_dir}`` in profile parameters.
 
 The ci profile cannot download weights or data, so the harness builds a tiny
 model and dataset once per output folder and substitutes their paths. The causal
@@ -20,11 +20,15 @@ from pathlib import Path
 from typing import Any
 
 # Values the harness prepares and substitutes into string parameters ("{tiny_model}").
-PLACEHOLDERS = ("tiny_model", "tiny_data", "smollm2", "chat_data", "minilm", "ner_data", "qa_data", "output_dir")
+PLACEHOLDERS = ("tiny_model", "tiny_data", "smollm2", "chat_data", "pref_data", "minilm", "ner_data", "qa_data",
+                "output_dir")
 # Enough rows for the tiny model to learn the generated task in a few epochs on CPU.
 TINY_DATA_ROWS = {"train": 800, "validation": 200}
 # Chat rows (workbench.sources.synthetic_llm): a few dozen LoRA steps of batch 8 see each train row once.
 CHAT_DATA_ROWS = {"train": 320, "validation": 40}
+# Preference pairs on the same questions (chosen: the color from the notes; rejected: evasive or wrong):
+# SmolLM2 with LoRA and DPO prefers the chosen answer of every held-out pair within ~8 steps of 8 pairs.
+PREF_DATA_ROWS = {"train": 256, "validation": 40}
 SMOLLM2_DIR = "smollm2-135m"  # the folder name here and in the tests' cache (tests/llm_fixtures.py)
 # Sentences (train, validation), and SQuAD contexts of one biography with its 6 questions, each
 # read in two windows at notebook 08's ci length: MiniLM learns both in two epochs (~1 minute).
@@ -68,6 +72,8 @@ def prepare_placeholders(needed: set[str], shared_dir: Path) -> dict[str, str]:
         values["smollm2"] = str(smollm2_folder(shared_dir))
     if "chat_data" in needed:
         values["chat_data"] = str(write_chat_data(shared_dir / "chat-data"))
+    if "pref_data" in needed:
+        values["pref_data"] = str(write_chat_data(shared_dir / "pref-data", preference=True))
     if "minilm" in needed:
         values["minilm"] = str(minilm_folder())
     if "ner_data" in needed:
@@ -128,15 +134,17 @@ def smollm2_folder(shared_dir: Path) -> Path:
     return convert_gguf(gguf, shared_dir / SMOLLM2_DIR)
 
 
-def write_chat_data(folder: Path) -> Path:
-    """train.jsonl and validation.jsonl of ``{"messages": [...]}`` rows (workbench.sources.synthetic_llm)."""
-    from workbench.sources.synthetic_llm import make_chat_rows
+def write_chat_data(folder: Path, preference: bool = False) -> Path:
+    """train.jsonl and validation.jsonl of ``{"messages": [...]}`` rows, or with ``preference`` of
+    TRL's conversational ``{"prompt", "chosen", "rejected"}`` pairs (workbench.sources.synthetic_llm)."""
+    from workbench.sources.synthetic_llm import make_chat_rows, make_preference_rows
 
     folder.mkdir(parents=True, exist_ok=True)
-    for seed, (split, rows) in enumerate(CHAT_DATA_ROWS.items()):
+    make, sizes = (make_preference_rows, PREF_DATA_ROWS) if preference else (make_chat_rows, CHAT_DATA_ROWS)
+    for seed, (split, rows) in enumerate(sizes.items()):
         path = folder / f"{split}.jsonl"
         if not path.is_file():
-            lines = [json.dumps(row) for row in make_chat_rows(rows, seed=seed)]
+            lines = [json.dumps(row) for row in make(rows, seed=seed)]
             tmp = path.with_suffix(".partial")  # a killed run leaves no half-written split behind
             tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
             tmp.rename(path)

@@ -71,6 +71,11 @@ class Task(Protocol):
     # what models that learned nothing score on these eval outputs (a classifier: chance and the
     # majority class). The run's verdict (engine/verdict.py) is judged against them; a task
     # without it (a language model) is judged against the base model's evaluation.
+    #
+    # Optional: ``take_train_tally() -> (names, sums) | None``, the task's own train-side metrics
+    # since the last call: ``sums`` a 1-D device tensor ``[rows, sum of each name...]`` that
+    # ``loss`` added to (no host sync). The engine sums it over processes at each train log and
+    # writes ``sum / rows`` under each name beside the loss (a preference run: reward accuracy).
 
     def model_state(self, model) -> dict[str, torch.Tensor]:
         """The weights a checkpoint must hold (an adapter's only, for LoRA)."""

@@ -52,6 +52,10 @@ from workbench.tasks.preference_data import (
     split_pair,
 )
 
+# Written beside the loss in each train event: the means over the train pairs since the last log.
+TRAIN_METRICS = ("reward_accuracy", "rewards_chosen", "rewards_rejected", "reward_margin",
+                 "logps_chosen", "logps_rejected")
+
 
 class PreferenceTask(CausalLMTask):
     """Preference tuning (``preference_loss``: dpo | ipo | simpo | orpo) of any AutoModelForCausalLM."""
@@ -64,6 +68,7 @@ class PreferenceTask(CausalLMTask):
         self.columns: list[str] = []
         self.reference_model = None  # full fine-tuning only: the frozen starting weights
         self.cut: dict[str, int] = {}  # rows whose answers lost tokens to max_length
+        self._tally: torch.Tensor | None = None  # train-side sums since the last log (TRAIN_METRICS)
 
     # ---------------------------------------------------------------- data
     def check_data(self, splits) -> None:
@@ -216,7 +221,23 @@ class PreferenceTask(CausalLMTask):
         return pair, policy, reference
 
     def loss(self, model, batch: dict) -> torch.Tensor:
-        return self._pair_losses(model, batch)[0].mean()
+        pair, policy, reference = self._pair_losses(model, batch)
+        with torch.no_grad():  # the train-side metrics, on the device: read once per log interval
+            chosen, rejected = losses.rewards(self.settings.preference_loss, policy, reference,
+                                              beta=self.settings.preference_beta)
+            mean_chosen, mean_rejected = policy.means()
+            sums = torch.stack([torch.full((), float(pair.shape[0]), device=pair.device),  # a fill: no copy, no sync
+                                losses.reward_accuracy(chosen, rejected).sum(), chosen.sum(), rejected.sum(),
+                                (chosen - rejected).sum(), mean_chosen.sum(), mean_rejected.sum()]).float()
+            # A step retried after an out-of-memory counts its first try's pairs too: a mean over
+            # a few more pairs of the same step, not a wrong figure.
+            self._tally = sums if self._tally is None else self._tally + sums
+        return pair.mean()
+
+    def take_train_tally(self) -> tuple[tuple[str, ...], torch.Tensor] | None:
+        """The train pairs' reward accuracy, rewards, margin and log-probabilities since the last call."""
+        tally, self._tally = self._tally, None
+        return None if tally is None else (TRAIN_METRICS, tally)
 
     def eval_outputs(self, model, batch: dict) -> tuple[torch.Tensor, ...]:
         """Per pair: (loss, reward chosen, reward rejected, policy mean log-prob chosen, rejected)."""

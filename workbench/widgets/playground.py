@@ -4,6 +4,8 @@
     Playground.from_adapter("outputs/llm/model")     # a saved LoRA adapter folder
     Playground(model, tokenizer)                     # a PeftModel still in the kernel after training
     Playground(tuned_model, tokenizer, base=base_model)  # two plain models (full fine-tuning)
+    Playground.from_adapter("outputs/dpo/model", earlier={"pretrained": pretrained_model},
+                            titles=("SFT (adapter off)", "preference-tuned"))   # three columns
 
 With a PeftModel one model serves both columns: the base answer is generated with
 the adapter switched off (``disable_adapter()``), so no second copy of the weights
@@ -15,6 +17,11 @@ ipykernel 7 sends widget updates from any thread (see ``gpu_panel``).
 The prompt goes through the tokenizer's chat template as a user message when the
 tokenizer has one (how the model was fine-tuned), as plain text otherwise.
 Temperature 0 means greedy decoding.
+
+``earlier`` adds columns to the left, each a plain model answering the same prompt: after
+preference tuning, the pretrained model before supervised fine-tuning, the SFT model (the
+adapter off) and the preference-tuned one read left to right. Every column's answer is in
+``answers`` (title -> Textarea); ``base_answer`` and ``tuned_answer`` are the last two.
 """
 
 from __future__ import annotations
@@ -32,11 +39,15 @@ from workbench.tasks import lora
 
 
 class Playground:
-    """Prompt box, generation settings, and the two answers streamed side by side."""
+    """Prompt box, generation settings, and the answers (base, fine-tuned) streamed side by side."""
 
-    def __init__(self, model, tokenizer, *, base=None, max_new_tokens: int = 128,
-                 temperature: float = 0.7, top_p: float = 0.9):
+    def __init__(self, model, tokenizer, *, base=None, earlier: dict | None = None, max_new_tokens: int = 128,
+                 temperature: float = 0.7, top_p: float = 0.9, titles: tuple[str, str] = ("base model", "fine-tuned")):
         self.model, self.tokenizer, self.base = model, tokenizer, base
+        self.earlier = dict(earlier or {})  # title -> plain model, columns left of the base answer
+        if len(titles) != 2 or any(t in self.earlier for t in titles):
+            raise ValueError(f"titles must be two names for the base and fine-tuned columns, other than "
+                             f"earlier's {list(self.earlier)}; got {titles!r}")
         self.prompt = widgets.Textarea(placeholder="Ask something...", layout=widgets.Layout(width="100%"))
         self.max_new_tokens = widgets.IntSlider(value=max_new_tokens, min=1, max=1024, description="max tokens")
         self.temperature = widgets.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05,
@@ -44,14 +55,16 @@ class Playground:
         self.top_p = widgets.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description="top-p")
         self.button = widgets.Button(description="Generate", button_style="primary")
         self.status = widgets.HTML()
-        self.base_answer = widgets.Textarea(layout=widgets.Layout(width="100%", height="200px"), disabled=True)
-        self.tuned_answer = widgets.Textarea(layout=widgets.Layout(width="100%", height="200px"), disabled=True)
+        self.answers = {title: widgets.Textarea(layout=widgets.Layout(width="100%", height="200px"), disabled=True)
+                        for title in [*self.earlier, *titles]}
+        self.base_answer, self.tuned_answer = (self.answers[t] for t in titles)
         self.errors: list[str] = []
         self._thread: threading.Thread | None = None
         self.button.on_click(lambda _: self.generate())
+        width = f"{100 / len(self.answers):.0f}%"
         columns = widgets.HBox([
-            widgets.VBox([widgets.HTML("<b>base model</b>"), self.base_answer], layout=widgets.Layout(width="50%")),
-            widgets.VBox([widgets.HTML("<b>fine-tuned</b>"), self.tuned_answer], layout=widgets.Layout(width="50%")),
+            widgets.VBox([widgets.HTML(f"<b>{html.escape(title)}</b>"), answer], layout=widgets.Layout(width=width))
+            for title, answer in self.answers.items()
         ])
         self.widget = widgets.VBox([self.prompt, widgets.HBox([self.max_new_tokens, self.temperature, self.top_p]),
                                     widgets.HBox([self.button, self.status]), columns])
@@ -122,6 +135,10 @@ class Playground:
             peft = hasattr(self.model, "disable_adapter")
             was_training = self.model.training
             self.model.eval()
+            for title, model in self.earlier.items():
+                self.status.value = f"{html.escape(title)}..."
+                model.eval()
+                self._stream(model, inputs, self.answers[title], adapter_off=False)
             self.status.value = "base model..."
             if self.base is not None:
                 self._stream(self.base, inputs, self.base_answer, adapter_off=False)
