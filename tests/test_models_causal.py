@@ -7,7 +7,11 @@ import pytest
 
 from workbench.errors import ModelError
 from workbench.sources.models import causal_facts
-from workbench.sources.vram import causal_parameters, compare_finetune_modes, estimate_causal_vram
+from workbench.sources.vram_causal import (
+    causal_parameters,
+    compare_finetune_modes,
+    estimate_causal_vram,
+)
 
 
 @pytest.fixture
@@ -71,6 +75,26 @@ def test_qlora_and_full_estimates_by_hand(small_llama):
     with_overhead = estimate_causal_vram(small_llama, finetune="full", batch_size=2, seq_len=16,
                                          precision="fp32")
     assert with_overhead.overhead_bytes == int(500 * 2**20 + 0.1 * full.allocated_bytes)
+
+
+def test_preference_pairs_price_two_rows_each_and_a_reference_copy_only_when_it_is_kept(small_llama):
+    settings = dict(batch_size=2, seq_len=16, precision="fp32", include_overhead=False)
+    rows = estimate_causal_vram(small_llama, finetune="full", **{**settings, "batch_size": 4})
+    for finetune in ("full", "lora"):
+        for loss in ("dpo", "simpo"):
+            pairs = estimate_causal_vram(small_llama, finetune=finetune, preference_loss=loss, **settings)
+            plain = estimate_causal_vram(small_llama, finetune=finetune, **{**settings, "batch_size": 4})
+            # 2 pairs: a chosen and a rejected row each, as one batch of 4 rows
+            assert (pairs.activations_bytes, pairs.logits_bytes) == (plain.activations_bytes, plain.logits_bytes)
+            assert pairs.reference_bytes == 0  # adapter off, precomputed, or reference-free
+    kept = estimate_causal_vram(small_llama, finetune="full", preference_loss="dpo", precompute_reference=False,
+                                **settings)
+    assert kept.reference_bytes == 4 * 138_048 and kept.allocated_bytes == rows.allocated_bytes + 4 * 138_048
+    assert "reference copy" in kept.describe()
+    assert estimate_causal_vram(small_llama, finetune="lora", preference_loss="dpo", precompute_reference=False,
+                                **settings).reference_bytes == 0
+    assert estimate_causal_vram(small_llama, finetune="full", preference_loss="orpo", precompute_reference=False,
+                                **settings).reference_bytes == 0
 
 
 def test_qlora_keeps_an_fp32_residual_stream_and_a_cast_per_4bit_layer(small_llama):

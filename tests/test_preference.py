@@ -285,7 +285,108 @@ def test_full_fine_tuning_keeps_a_frozen_reference_copy_and_says_what_it_costs(t
     assert evals[0]["eval_loss"] == pytest.approx(math.log(2), abs=1e-6)  # the copy is the starting model
     assert evals[-1]["eval_loss"] != pytest.approx(math.log(2), abs=1e-4)  # ... and stays it: the policy moved
     assert "frozen copy of the starting model" in _messages(out) and "MiB more memory" in _messages(out)
+    # Every pair's reference precomputed (3 steps x 8 pairs see the 16): the copy is let go.
+    assert "reference copy was released" in _messages(out)
     assert (result.model_dir / "model.safetensors").is_file()
+
+
+def test_a_preference_run_has_its_card_is_scored_on_its_pairs_and_exports(dpo_run, trained_tiny_llama, tmp_path):
+    """What follows training: the model card names the loss, beta and reference; ``workbench.evaluate``
+    scores the held-out pairs as chosen-against-rejected; the adapter merges and exports to GGUF."""
+    import shutil
+
+    import workbench
+
+    _, out = dpo_run
+    run = Path(shutil.copytree(out, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints", "tensorboard")))
+    card = (run / "model" / "README.md").read_text()
+    assert "| preference loss | dpo, beta 0.1; reference: the base model (the same weights with the adapter off) |" \
+        in card and "| batch | 8 pairs x" in card
+    data = make_preference_dataset(96, 32)
+    result = workbench.evaluate({"base": str(trained_tiny_llama), "tuned": str(run)}, "heldout", data=data,
+                                progress="none")
+    rows = [json.loads(line) for line in (run / "evaluation" / "tasks" / "heldout" / "heldout.jsonl")
+            .read_text().splitlines()]
+    assert len(rows) == 32 and all(r["label"] == 0 and len(r["choices"]) == 2 for r in rows)
+    assert rows[0]["prompt"].endswith("<|im_start|>assistant\n") and rows[0]["choices"][0] in \
+        data["validation"][0]["chosen"][-1]["content"]
+    base, tuned = result["base"].score("heldout/acc"), result["tuned"].score("heldout/acc")
+    # Likelihood alone (no reference): the SFT model already finds most evasive answers unlikely
+    # (~0.81 here); DPO moves the answers apart from the reference, and never makes this worse.
+    assert 0.5 < base <= tuned, (base, tuned)
+    assert json.loads(result["tuned"].saved.read_text())["n-samples"]["heldout"]["effective"] == 32
+    exported = workbench.export(run, "f16", log=lambda *a, **k: None)
+    assert exported.gguf.is_file() and (run / "model_merged" / "model.safetensors").is_file()
+    assert json.loads((exported.folder / "export.json").read_text())["verification"]["passed"]
+
+
+# ------------------------------------------------------------- the precomputed reference
+def test_the_reference_is_computed_once_before_training_and_trains_as_the_per_step_one(
+        trained_tiny_llama, tmp_path, monkeypatch):
+    """precompute_reference: one pass with the adapter off before the first step, none in the
+    steps or evaluations; the same losses as computing the reference in every step."""
+    from workbench.tasks import preference
+
+    turned_off = []
+    original = preference._adapter_off
+
+    def spy(model):
+        turned_off.append(model.training)
+        return original(model)
+
+    monkeypatch.setattr(preference, "_adapter_off", spy)
+    data = make_preference_dataset(24, 8)
+    common = dict(max_steps=4, eval_every=2, learning_rate=3e-3, **PAIRS)  # 4 x 8 pairs: the 24 train pairs seen
+    cached = fit(str(trained_tiny_llama), data, output_dir=str(tmp_path / "cached"), precompute_reference=True,
+                 **common)
+    passes = len(turned_off)
+    # The train pairs in batches of 16 (evaluation's), then the held-out ones: 2 + 1 batches, in eval mode.
+    assert passes == 3 and not any(turned_off)
+    assert "Reference log-probabilities of 24 train and 8 held-out pairs computed" in _messages(tmp_path / "cached")
+    saved = torch.load(tmp_path / "cached" / "reference_logps.pt", weights_only=True)
+    assert saved["values"].shape == (32, 4) and saved["cached"] == {"train": True, "validation": True}
+    assert bool((saved["values"][:, :2] < 0).all())  # every pair's summed log-probabilities, none left at 0
+
+    turned_off.clear()
+    per_step = fit(str(trained_tiny_llama), data, output_dir=str(tmp_path / "per_step"),
+                   precompute_reference=False, **common)
+    # Each step in train mode; each evaluation (one batch) and the start loss's batches in eval mode.
+    assert turned_off.count(True) == 4 and turned_off.count(False) >= 2 + 1
+    assert not (tmp_path / "per_step" / "reference_logps.pt").exists()
+    got, want = _losses(tmp_path / "cached"), _losses(tmp_path / "per_step")
+    assert got.keys() == want.keys()
+    # fp32: the reference of a pair in another batch differs in its last bits only.
+    assert all(got[k] == pytest.approx(want[k], abs=1e-4) for k in want)
+    assert cached.metrics["eval_loss"] == pytest.approx(per_step.metrics["eval_loss"], abs=1e-4)
+
+
+def test_auto_caches_only_the_held_out_pairs_when_the_run_sees_part_of_the_train_ones():
+    from workbench.tasks import preference_reference as reference
+
+    assert reference.wanted("auto", train_pairs=1000, rows_trained=64) == {"train": False, "validation": True}
+    # One epoch: the pass costs what it saves (benchmarks/preference_vs_trl.py); two: it pays.
+    assert reference.wanted("auto", train_pairs=1000, rows_trained=1000) == {"train": False, "validation": True}
+    assert reference.wanted("auto", train_pairs=1000, rows_trained=2000) == {"train": True, "validation": True}
+    # Full fine-tuning: once is enough, the frozen copy is released.
+    assert reference.wanted("auto", 1000, 1000, full_copy=True) == {"train": True, "validation": True}
+    assert reference.wanted(True, 1000, 64) == {"train": True, "validation": True}
+    assert reference.wanted(False, 10, 64) == {"train": False, "validation": False}
+    with pytest.raises(ConfigError, match="precompute_reference"):
+        from workbench.config import TrainConfig
+
+        TrainConfig(task="preference", precompute_reference="yes")
+
+
+def test_a_reference_file_of_other_settings_or_torn_is_not_read(tmp_path):
+    from workbench.tasks import preference_reference as reference
+
+    table = reference.ReferenceTable(torch.randn(6, 4), {"train": True, "validation": True})
+    reference.save(tmp_path, "key-a", table)
+    assert torch.equal(reference.load(tmp_path, "key-a", "cpu").values, table.values)
+    assert reference.load(tmp_path, "key-b", "cpu") is None  # another model, precision or data
+    (tmp_path / reference.FILE).write_bytes(b"half a file")
+    assert reference.load(tmp_path, "key-a", "cpu") is None
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 # ------------------------------------------------------------------------------ kill -9
@@ -307,7 +408,8 @@ if os.environ.get("SLOW_STEP_S"):
 
 result = fit(sys.argv[1], make_preference_dataset(40, 8, seed=3), output_dir=sys.argv[2], task="preference",
              lora_r=4, lora_alpha=8, lora_dropout=0.1, learning_rate=3e-3, batch_size=4, max_length=160,
-             max_steps=10, save_every=3, log_every=1, keep_checkpoints=2, num_workers=0, precision="bf16")
+             max_steps=10, save_every=3, log_every=1, keep_checkpoints=2, num_workers=0, precision="bf16",
+             precompute_reference=True)
 print("STATUS", result.status)
 '''
 
@@ -352,6 +454,8 @@ def test_a_dpo_run_killed_mid_run_resumes_exactly(tiny_llama_dir, tmp_path):
     ref, got = _losses(reference), _losses(out)
     for step in range(resumed_after + 1, 11):
         assert got[step] == pytest.approx(ref[step], abs=1e-6), step
+    # The resumed run read the reference the first one computed, rather than computing it again.
+    assert "pairs read from reference_logps.pt" in _messages(out)
     ref_w = load_file(reference / "model" / "adapter_model.safetensors")
     got_w = load_file(out / "model" / "adapter_model.safetensors")
     assert ref_w.keys() == got_w.keys() and ref_w

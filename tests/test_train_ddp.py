@@ -141,3 +141,49 @@ def test_two_processes_train_the_same_lora_adapter(tiny_llama_dir, tmp_path):
     assert [e["step"] for e in events if e["kind"] == "train"] == [1, 2, 3, 4]
     assert events[-1]["status"] == "completed" and "eval_loss" in events[-1]["metrics"]
     assert (out / "model" / "adapter_model.safetensors").is_file()
+
+
+def test_two_processes_tune_the_same_preference_adapter_from_a_config_file(tiny_llama_dir, tmp_path):
+    """task: preference under torchrun, from `--config`: each process precomputes the reference of
+    its share of the pairs and the sum over processes gives both the whole table; pairs split by
+    rank; the adapters all-reduced."""
+    import torch
+
+    from workbench.sources.synthetic_llm import make_preference_rows
+
+    data = tmp_path / "pairs"
+    data.mkdir()
+    for split, n, seed in (("train", 32, 0), ("validation", 16, 1)):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_preference_rows(n, seed)))
+    out = tmp_path / "run"
+    spec = RunSpec(
+        model=ModelChoice(str(tiny_llama_dir)),
+        data=DatasetChoice(source="files", path=str(data)),
+        train=TrainConfig(task="preference", output_dir=str(out), learning_rate=3e-3, batch_size=4, max_steps=4,
+                          log_every=1, num_workers=0, lora_r=4, lora_alpha=8, max_length=160, beta=0.2,
+                          precision="fp32", precompute_reference=True),
+    )
+    config = spec.save(tmp_path / "run.yaml")
+    hashes = tmp_path / "hashes"
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(HASHING_LAUNCHER)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(launcher), "train", "--config", str(config), "--progress", "none"],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HASH_DIR": str(hashes)},
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (hashes / "rank0.sha256").read_text() == (hashes / "rank1.sha256").read_text()
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    start = next(e for e in events if e["kind"] == "start")
+    assert start["world_size"] == 2 and start["config"]["task"] == "preference" and start["config"]["beta"] == 0.2
+    trains = [e for e in events if e["kind"] == "train"]
+    assert [e["step"] for e in trains] == [1, 2, 3, 4] and all("reward_accuracy" in e for e in trains)
+    assert events[-1]["status"] == "completed" and "eval_reward_accuracy" in events[-1]["metrics"]
+    # 4 steps x 4 pairs x 2 processes: every train pair seen, so all 32 + 16 are in the table.
+    table = torch.load(out / "reference_logps.pt", weights_only=True)["values"]
+    assert table.shape == (48, 4) and bool((table[:, :2] < 0).all()) and bool((table[:, 2:] >= 1).all())
+    assert (out / "model" / "adapter_model.safetensors").is_file()
+    record = json.loads((out / "run.json").read_text())
+    assert record["preference"]["beta"] == 0.2

@@ -40,7 +40,7 @@ _EXPORTS = {
     "pickers": "workbench.widgets.pickers",
     "GPUPanel": "workbench.widgets.gpu_panel",
     "estimate_vram": "workbench.sources.vram",
-    "estimate_causal_vram": "workbench.sources.vram",
+    "estimate_causal_vram": "workbench.sources.vram_causal",
     "Playground": "workbench.widgets.playground",
     "evaluate": "workbench.frontend",
     "EvaluationError": "workbench.errors",

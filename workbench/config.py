@@ -231,6 +231,10 @@ class TrainConfig:
     preference_loss: str = "dpo"  # dpo | ipo (against a reference model) | simpo | orpo (reference-free)
     beta: float | None = None  # None: 0.1 (dpo, ipo, orpo's lambda), 2.0 (simpo)
     simpo_gamma: float = 0.5  # simpo's target reward margin
+    # The reference's log-probabilities computed once before the first step and kept in the run
+    # folder: "auto" for the held-out pairs, and for the train pairs when the run sees them twice
+    # (once with full fine-tuning: the frozen copy is then released) | True | False
+    precompute_reference: bool | str = "auto"
     chosen_column: str = "chosen"  # the preferred answer (text, or a list of assistant messages)
     rejected_column: str = "rejected"  # the answer that should become less likely
 
@@ -307,6 +311,8 @@ class TrainConfig:
             raise ConfigError("preference_loss", self.preference_loss, " | ".join(PREFERENCE_LOSSES))
         if self.beta is not None:
             _check_positive("beta", self.beta, kind=float)
+        if not (self.precompute_reference == "auto" or isinstance(self.precompute_reference, bool)):
+            raise ConfigError("precompute_reference", self.precompute_reference, "'auto', true or false")
         if isinstance(self.simpo_gamma, bool) or not isinstance(self.simpo_gamma, (int, float)) \
                 or not math.isfinite(self.simpo_gamma) or self.simpo_gamma < 0:
             raise ConfigError("simpo_gamma", self.simpo_gamma, "a number >= 0 (0.5: SimPO's usual margin)")

@@ -45,7 +45,7 @@ def test_causal_estimate_vs_max_memory_allocated(smollm2_dir, finetune, checkpoi
 
     from workbench.config import ModelChoice, TrainConfig
     from workbench.sources.synthetic_llm import make_chat_dataset
-    from workbench.sources.vram import estimate_causal_vram
+    from workbench.sources.vram_causal import estimate_causal_vram
     from workbench.tasks.causal_lm import CausalLMTask
     from workbench.tasks.causal_lm_data import IGNORE
 

@@ -105,16 +105,19 @@ def _linear(at_one: int, at_two: int) -> Peak:
 
 
 def peak_function(model: Any, *, task: str, precision: str, max_length: int, gradient_checkpointing: bool = False,
-                  finetune: str = "lora", lora_r: int = 16, lora_dropout: float = 0.05) -> Peak | None:
+                  finetune: str = "lora", lora_r: int = 16, lora_dropout: float = 0.05,
+                  preference_loss: str = "dpo", precompute_reference: bool = True) -> Peak | None:
     """micro-batch -> estimated peak bytes for this model and settings; None without an estimate.
 
     ``model``: a name/path or a ``ModelInfo``; ``precision``: the one that runs (fp32 | fp16 | bf16).
+    ``task="preference"``: the micro-batch counts pairs (two rows each), ``preference_loss`` and
+    ``precompute_reference`` say whether a full fine-tuning run keeps a reference copy.
     """
-    from workbench.sources import vram
+    from workbench.sources import vram, vram_causal
     from workbench.sources.models import ModelInfo, model_info
 
     try:
-        if task == "causal_lm":
+        if task in ("causal_lm", "preference"):
             from transformers import AutoConfig
 
             config = AutoConfig.for_model(**model.config) if isinstance(model, ModelInfo) else model
@@ -126,9 +129,11 @@ def peak_function(model: Any, *, task: str, precision: str, max_length: int, gra
                 precision = "bf16"
 
             def one(b):
-                return vram.estimate_causal_vram(config, finetune=finetune, batch_size=b, seq_len=max_length,
-                                                 precision=precision, gradient_checkpointing=gradient_checkpointing,
-                                                 lora_r=lora_r, lora_dropout=lora_dropout).total_bytes
+                return vram_causal.estimate_causal_vram(
+                    config, finetune=finetune, batch_size=b, seq_len=max_length, precision=precision,
+                    gradient_checkpointing=gradient_checkpointing, lora_r=lora_r, lora_dropout=lora_dropout,
+                    preference_loss=preference_loss if task == "preference" else None,
+                    precompute_reference=precompute_reference).total_bytes
             return _linear(one(1), one(2))
         else:
             info = model if isinstance(model, ModelInfo) else model_info(str(model))
@@ -186,7 +191,10 @@ def resolve_batch_size(config, model_name: str | None, *, precision: str, rows: 
         return replace(config, batch_size=DEFAULT_BATCH_SIZE), choice
     peak = peak_function(model_name, task=config.task, precision=precision, max_length=config.max_length,
                          gradient_checkpointing=config.gradient_checkpointing, finetune=config.finetune,
-                         lora_r=config.lora_r, lora_dropout=config.lora_dropout) if model_name else None
+                         lora_r=config.lora_r, lora_dropout=config.lora_dropout,
+                         preference_loss=config.preference_loss,
+                         # "auto" may compute the train pairs' reference per step: priced as the copy kept
+                         precompute_reference=config.precompute_reference is True) if model_name else None
     choice = choose_batch_size(peak, free, rows=rows)
     choice = replace(choice, reason=choice.reason.rstrip(".") + _effective(config, choice.batch_size) + ".")
     return replace(config, batch_size=choice.batch_size), choice

@@ -177,6 +177,11 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
                               "put output_dir on a shared file system every node mounts (NFS, Lustre, a "
                               "ReadWriteMany volume), the same path on each.")
     messages += _resume(run, resume_from) if resume_from is not None else []
+    if hasattr(run.task, "before_training"):  # the preference task's reference log-probabilities
+        messages += run.task.before_training(
+            acc, run.model, run.train_dataset, run.collate, batch_size=config.batch_size * 2,  # evaluation's batches
+            rows_trained=run.total_steps * config.batch_size * config.gradient_accumulation_steps * acc.num_processes,
+            run_dir=run.output_dir, record=run.record, halving=with_halving)
     if run.guard.start is None:  # a fresh run: the training loss before any update (divergence.py)
         start = measure_start(acc, run.model, run.task, run.train_dataset, run.collate,
                               run.state.micro_batch_size, config.seed)

@@ -14,7 +14,9 @@ Three kinds, all run by lm-evaluation-harness itself:
   the model saw it in training); the answer is the target. When the answers come from a small
   set (labels such as "positive"/"negative") it is a multiple-choice task (accuracy over the
   choices' likelihoods, cheap and with a standard error); otherwise a generation task scored by
-  exact match (greedy, whitespace ignored at the ends). The task's YAML and rows are written to
+  exact match (greedy, whitespace ignored at the ends). A preference run's held-out pairs are a
+  two-way multiple-choice task: the chosen answer against the rejected one (``acc``: how often the
+  model finds the chosen one the likelier). The task's YAML and rows are written to
   ``<run>/evaluation/tasks/heldout/``, so the harness reads it like any local task and the
   evaluation can be re-run by hand.
 """
@@ -153,12 +155,18 @@ def check_cached(manager, names: list[str]) -> None:
 
 # ----------------------------------------------------------------------------- heldout
 def make_heldout_task(targets: list[Target], *, data=None, max_rows: int | None = None) -> Path:
-    """Write the ``heldout`` task of the first run among ``targets``; returns its folder."""
-    run = next((t for t in targets if t.run_dir is not None), None)
-    if run is None:
+    """Write the ``heldout`` task of the first run among ``targets`` (the first preference run, if one
+    is there: an SFT model compared with its preference-tuned successor is scored on the pairs);
+    returns its folder."""
+    runs = [t for t in targets if t.run_dir is not None]
+    if not runs:
         raise EvaluationError("tasks=['heldout'] is made from a run's held-out split, and no model here is a run.",
                               "evaluate a run folder (its output_dir), or name harness or local tasks.")
-    record = read_record(run.run_dir)
+    records = [read_record(t.run_dir) for t in runs]
+    pairs = [i for i, r in enumerate(records) if (r.get("task") or (r.get("config") or {}).get("task")) == "preference"]
+    run, record = runs[pairs[0] if pairs else 0], records[pairs[0] if pairs else 0]
+    if pairs:
+        return _write_pair_task(run, heldout_pair_rows(run, record, data)[:max_rows or None])
     if (record.get("task") or "causal_lm") != "causal_lm":
         raise EvaluationError(f"The run in {run.run_dir} is a {record.get('task')} run; tasks=['heldout'] is "
                               "for language-model runs.",
@@ -231,6 +239,59 @@ def heldout_rows(run: Target, record: dict, data=None) -> list[dict]:
         prompt = tokenizer.apply_chat_template(messages[:last], tokenize=False, add_generation_prompt=True)
         rows.append({"prompt": prompt, "answer": messages[last]["content"].strip(), "stop": stop})
     return rows
+
+
+def heldout_pair_rows(run: Target, record: dict, data=None) -> list[dict]:
+    """{prompt, choices: [chosen, rejected], label: 0} of each held-out pair of a preference run,
+    the prompt rendered with the run's chat template (raw text for ``implicit_text`` pairs)."""
+    from transformers import AutoTokenizer
+
+    from workbench.config import TrainConfig
+    from workbench.tasks.preference_data import detect_pair_format, split_pair
+
+    validation = _heldout_split(run, record, data)["validation"]
+    settings = TrainConfig(**{k: v for k, v in (record.get("config") or {}).items()
+                              if k in TrainConfig.__dataclass_fields__}) if record.get("config") else \
+        TrainConfig(task="preference")
+    fmt = detect_pair_format(validation.column_names, validation[0], settings)
+    tokenizer = AutoTokenizer.from_pretrained(run.model_folder if run.folder_name != "model_merged"
+                                              else run.run_dir / "model")
+    rows = []
+    for row in validation:
+        prompt, chosen, rejected, problem = split_pair(row, fmt, settings)
+        if problem:  # refused in training too: not a question to score
+            continue
+        if fmt != "implicit_text":
+            prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            chosen, rejected = (answer[-1]["content"] for answer in (chosen, rejected))
+        rows.append({"prompt": prompt, "choices": [chosen, rejected], "label": 0})
+    if not rows:
+        raise EvaluationError(f"The held-out split of {run.run_dir} has no pair to score.",
+                              "pass data= with a validation split of prompt/chosen/rejected rows.")
+    return rows
+
+
+def _write_pair_task(run: Target, rows: list[dict]) -> Path:
+    """The held-out pairs as a two-way multiple-choice task: ``acc`` is the share of pairs whose chosen
+    answer the model finds the likelier (summed log-likelihood; ``acc_norm`` per byte), the policy's
+    own preference without a reference, comparable between the base model and the tuned one."""
+    import yaml
+
+    folder = run.run_dir / EVALUATION_DIR / "tasks" / HELDOUT
+    folder.mkdir(parents=True, exist_ok=True)
+    data_file = folder / f"{HELDOUT}.jsonl"
+    data_file.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    config = {
+        "task": HELDOUT, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data_file)}},
+        "test_split": "test", "output_type": "multiple_choice", "doc_to_text": "{{prompt}}",
+        "doc_to_choice": "{{choices}}", "doc_to_target": "{{label}}", "target_delimiter": "",
+        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                        {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}],
+        "metadata": {"version": 1, "source": f"the held-out preference pairs of {run.run_dir}",
+                     "prompts": "rendered with the run's chat template; choice 0 is the chosen answer"},
+    }
+    (folder / f"{HELDOUT}.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return folder
 
 
 def _heldout_split(run: Target, record: dict, data):

@@ -278,12 +278,13 @@ def _training_section(record, config, data, run, starts, task) -> str:
         ("windows", f"{config.get('max_length')} tokens, {record['doc_stride']} shared by consecutive windows"
          if record.get("doc_stride") else None),
         ("loss on", record.get("loss_on")),
+        ("preference loss", _preference(record.get("preference"))),
         ("system prompt", repr(config.get("system_prompt")) if config.get("system_prompt") else None),
         ("precision", _precision(record, starts)),
         ("epochs / steps", f"{config.get('num_epochs')} epochs" + (f", max_steps {config['max_steps']}"
                                                                    if config.get("max_steps") else "")
          + (f"; {run.step} of {run.total_steps} steps done" if run.total_steps else "")),
-        ("batch", f"{config.get('batch_size')} rows x {config.get('gradient_accumulation_steps', 1)} accumulation"
+        ("batch", f"{config.get('batch_size')} {'pairs' if task == 'preference' else 'rows'} x {config.get('gradient_accumulation_steps', 1)} accumulation"
                   f" x {record.get('world_size', 1)} processes"),
         ("learning rate", f"{config.get('learning_rate')} ({config.get('scheduler')} schedule, warmup "
                           f"{config.get('warmup_ratio')}, weight decay {config.get('weight_decay')})"),
@@ -295,6 +296,16 @@ def _training_section(record, config, data, run, starts, task) -> str:
         ("peak GPU memory", f"{run.peak_gpu_mem_bytes / 2**30:.2f} GiB" if run.peak_gpu_mem_bytes else None),
     ]
     return "## Training\n\n" + _table(("", ""), [(k, v) for k, v in rows if v not in (None, "")])
+
+
+def _preference(facts: dict | None) -> str | None:
+    """``dpo, beta 0.1; reference: the base model (...)``: what a preference run optimized, against what."""
+    if not facts:
+        return None
+    text = f"{facts.get('loss')}, beta {facts.get('beta')}"
+    if facts.get("simpo_gamma") is not None:
+        text += f", gamma {facts['simpo_gamma']}"
+    return text + f"; reference: {facts.get('reference') or 'none (reference-free)'}"
 
 
 def _precision(record: dict, starts: list[dict]) -> str | None:

@@ -13,14 +13,15 @@ Start reading at ``data.py`` (a dataset choice into train and validation splits)
     data_checks.py    columns, texts, labels and splits checked; column facts for the picker;
                       which task the columns say (detect_task)
     models.py         which models exist (folders, packages, cache); facts from their config
-    vram.py           GPU memory a fine-tuning run needs (classifier, causal LM), check_fit
+    vram.py           GPU memory a classifier fine-tuning run needs, check_fit, the free-memory reading
+    vram_causal.py    the same for causal LMs: full, LoRA, QLoRA, preference pairs; check_causal_fit
     cpu_time.py       time per epoch on this CPU, in the precision "auto" picks here (the picker's)
     model_checks.py   checks on a loaded model and tokenizer (a new head, truncation...)
     gguf.py           GGUF files (llama.cpp's format) converted once to a model folder
     synthetic.py, synthetic_llm.py, synthetic_spans.py   offline stand-ins for tests and CI
                       notebooks (reviews and a tiny BERT; chats; CoNLL sentences and SQuAD biographies)
 
-Imports: ``workbench.config`` and ``workbench.errors``; ``vram.py`` also reads ``workbench.gpu``
+Imports: ``workbench.config`` and ``workbench.errors``; ``vram.py`` (and ``vram_causal.py``) also reads ``workbench.gpu``
 (free memory), ``workbench.engine.precision`` (what "auto" precision resolves to; ``cpu_time.py``
 too, and its matmul timing) and
 ``workbench.tasks.lora`` (which layers LoRA targets), inside its functions. Nothing here imports

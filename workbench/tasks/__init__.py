@@ -25,6 +25,7 @@ Start reading at ``base.py`` (the protocol), then one task:
                             reference is the model with its adapter off)
     preference_data.py      its pairs: TRL's formats, their checks, each answer's tokens, the collator
     preference_loss.py      the losses, rewards and reward accuracy from the answers' log-probabilities
+    preference_reference.py the reference's log-probabilities computed once per run, kept in the run folder
     lora.py                 LoRA / QLoRA adapters (the only importer of peft, with causal_lm)
     metrics.py              accuracy / F1, entity scores (seqeval), SQuAD exact match / F1
 

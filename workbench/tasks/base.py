@@ -76,6 +76,11 @@ class Task(Protocol):
     # since the last call: ``sums`` a 1-D device tensor ``[rows, sum of each name...]`` that
     # ``loss`` added to (no host sync). The engine sums it over processes at each train log and
     # writes ``sum / rows`` under each name beside the loss (a preference run: reward accuracy).
+    #
+    # Optional: ``before_training(accelerator, model, train_dataset, collate, *, batch_size,
+    # rows_trained, run_dir, record, halving) -> messages``, called once the model is prepared (and a
+    # checkpoint loaded), before the start loss is measured: work done once per run rather than
+    # per step (a preference run: the reference's log-probabilities, preference_reference.py).
 
     def model_state(self, model) -> dict[str, torch.Tensor]:
         """The weights a checkpoint must hold (an adapter's only, for LoRA)."""

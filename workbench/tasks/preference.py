@@ -39,6 +39,7 @@ from workbench.errors import ConfigError, DataError
 from workbench.sources.data_files import ROW_COLUMN, RowLocator
 from workbench.tasks import lora
 from workbench.tasks import preference_loss as losses
+from workbench.tasks import preference_reference as reference
 from workbench.tasks.base import fingerprint
 from workbench.tasks.causal_lm import CausalLMTask, _unwrap, supervised_logits, template_failure
 from workbench.tasks.causal_lm_data import CHECK_ROWS_SHOWN, duplicate_notes
@@ -68,7 +69,10 @@ class PreferenceTask(CausalLMTask):
         self.columns: list[str] = []
         self.reference_model = None  # full fine-tuning only: the frozen starting weights
         self.cut: dict[str, int] = {}  # rows whose answers lost tokens to max_length
+        self._train_pairs = 0
         self._tally: torch.Tensor | None = None  # train-side sums since the last log (TRAIN_METRICS)
+        self.reference_table: reference.ReferenceTable | None = None  # precomputed (preference_reference.py)
+        self._autocast = contextlib.nullcontext  # the run's mixed precision, for the frozen reference copy
 
     # ---------------------------------------------------------------- data
     def check_data(self, splits) -> None:
@@ -116,8 +120,9 @@ class PreferenceTask(CausalLMTask):
         self.set_end_ids(tokenizer, model)
         if self.pair_format is None:
             self.check_data(splits)
-        train, self.eval_dataset = (self._encode_split(splits, s, tokenizer, max_length)
-                                    for s in ("train", "validation"))
+        train = self._encode_split(splits, "train", tokenizer, max_length)
+        self._train_pairs = len(train)
+        self.eval_dataset = self._encode_split(splits, "validation", tokenizer, max_length)
         self.padding_free = False  # the losses read each answer's sum: no packing
         return train, self.eval_dataset
 
@@ -154,7 +159,8 @@ class PreferenceTask(CausalLMTask):
             self.notes.append((f"{cut} of {len(ds)} {split} pairs are longer than max_length={max_length} tokens: "
                                f"their answers were cut at the end{left_out}. Raise max_length to keep them whole.",
                                "warn"))
-        return PreferenceDataset(pairs)
+        # pair_index: train pairs first, held-out ones after them (the reference table's rows).
+        return PreferenceDataset(pairs, first_index=0 if split == "train" else self._train_pairs)
 
     def collator(self, tokenizer):
         return PairCollator(tokenizer.pad_token_id, pad_to_multiple_of=8 if torch.cuda.is_available() else None)
@@ -168,9 +174,56 @@ class PreferenceTask(CausalLMTask):
             self.reference_model = copy.deepcopy(model).eval().requires_grad_(False)
             weights = sum(p.numel() * p.element_size() for p in self.reference_model.parameters())
             self.notes.append((f"finetune='full' with preference_loss={s.preference_loss!r}: a frozen copy of the "
-                               f"starting model is the reference ({weights / 2**20:,.0f} MiB more memory). With "
-                               "finetune='lora' the reference is the same weights with the adapter off.", "info"))
+                               f"starting model is the reference ({weights / 2**20:,.0f} MiB more memory, released "
+                               "once its log-probabilities of every pair are precomputed). With finetune='lora' the "
+                               "reference is the same weights with the adapter off.", "info"))
         return model
+
+    def before_training(self, accelerator, model, train_dataset, collate, *, batch_size: int, rows_trained: int,
+                        run_dir, record: dict, halving) -> list[tuple[str, str]]:
+        """The reference's log-probabilities of the pairs, precomputed or read from the run folder
+        (``preference_reference.py``); returns the messages that say which."""
+        s = self.settings
+        self._autocast = accelerator.autocast
+        if not losses.needs_reference(s.preference_loss):
+            return []
+        datasets = {"train": train_dataset, "validation": self.eval_dataset}
+        wanted = reference.wanted(s.precompute_reference, len(train_dataset), rows_trained,
+                                  full_copy=self.reference_model is not None)
+        if not any(wanted.values()):
+            return []
+        key = reference.identity(datasets, {k: record.get(k) for k in ("model", "model_content", "precision")}
+                                 | {"finetune": s.finetune, "load_in_4bit": s.finetune == "qlora"})
+        table = reference.load(run_dir, key, accelerator.device)
+        where = f"{reference.FILE} in the run folder"
+        if table is not None and all(table.cached.get(split, False) or not want for split, want in wanted.items()):
+            said = f"read from {where}"
+        else:
+            was_training = model.training
+            model.eval()  # no dropout: the numbers do not depend on the random stream
+            try:
+                table, seconds = reference.compute(accelerator, lambda batch: self._reference_forward(model, batch),
+                                                   datasets, collate, batch_size, wanted, halving=halving)
+            finally:
+                model.train(was_training)
+            if accelerator.is_main_process:
+                reference.save(run_dir, key, table)
+            accelerator.wait_for_everyone()
+            said = f"computed in {seconds:.1f} s, kept in {where}"
+        self.reference_table = table
+        counted = " and ".join(f"{len(datasets[split]):,} {'train' if split == 'train' else 'held-out'}"
+                               for split in reference.SPLITS if table.cached.get(split))
+        messages = [(f"Reference log-probabilities of {counted} pairs {said} (precompute_reference="
+                     f"{s.precompute_reference!r}); each step runs the policy only.", "info")]
+        if not table.cached.get("train"):
+            messages[0] = (messages[0][0].replace("each step runs the policy only",
+                                                  "train steps compute theirs (the run sees the train pairs "
+                                                  "less than twice: a pass would cost about what it saves)"),
+                           "info")
+        if self.reference_model is not None and all(table.cached.get(split) for split in reference.SPLITS):
+            self.reference_model = None  # every pair's reference is in the table: one model in memory, not two
+            messages.append(("The frozen reference copy was released: training holds one model.", "info"))
+        return messages
 
     def choose_loss(self, model):
         self.loss_path = None  # the preference losses need each answer's sum: the sparse head, never fused
@@ -201,27 +254,36 @@ class PreferenceTask(CausalLMTask):
         half = rows // 2
         return losses.PairLogps(sums[:half], sums[half:], counts[:half], counts[half:])
 
-    def _reference_logps(self, model, batch: dict) -> losses.PairLogps | None:
+    def _reference_logps(self, model, batch: dict, split: str) -> losses.PairLogps | None:
         if not losses.needs_reference(self.settings.preference_loss):
             return None
+        if self.reference_table is not None and (cached := self.reference_table.lookup(batch, split)) is not None:
+            return cached
+        return self._reference_forward(model, batch)
+
+    def _reference_forward(self, model, batch: dict) -> losses.PairLogps:
+        """The reference's log-probabilities of the batch's answers: the frozen copy, or the adapter off."""
         with torch.no_grad():
             if self.reference_model is not None:
                 device = batch["chosen_input_ids"].device
                 if next(self.reference_model.parameters()).device != device:
                     self.reference_model.to(device)
-                return self._logps(self.reference_model, batch)
+                with self._autocast():  # the policy's forward runs under it (Accelerate wraps it); the copy's not
+                    return self._logps(self.reference_model, batch)
             with _adapter_off(model):
                 return self._logps(model, batch)
 
-    def _pair_losses(self, model, batch: dict):
+    def _pair_losses(self, model, batch: dict, split: str):
         s = self.settings
-        reference = self._reference_logps(model, batch)  # first: the policy's graph is built after it
+        reference = self._reference_logps(model, batch, split)  # first: the policy's graph is built after it
         policy = self._logps(model, batch)
         pair = losses.pair_losses(s.preference_loss, policy, reference, beta=s.preference_beta, gamma=s.simpo_gamma)
         return pair, policy, reference
 
     def loss(self, model, batch: dict) -> torch.Tensor:
-        pair, policy, reference = self._pair_losses(model, batch)
+        pair, policy, reference = self._pair_losses(model, batch, "train")
+        if not model.training:  # the start-loss measurement (divergence.py), not a train step
+            return pair.mean()
         with torch.no_grad():  # the train-side metrics, on the device: read once per log interval
             chosen, rejected = losses.rewards(self.settings.preference_loss, policy, reference,
                                               beta=self.settings.preference_beta)
@@ -241,7 +303,7 @@ class PreferenceTask(CausalLMTask):
 
     def eval_outputs(self, model, batch: dict) -> tuple[torch.Tensor, ...]:
         """Per pair: (loss, reward chosen, reward rejected, policy mean log-prob chosen, rejected)."""
-        pair, policy, reference = self._pair_losses(model, batch)
+        pair, policy, reference = self._pair_losses(model, batch, "validation")
         chosen, rejected = losses.rewards(self.settings.preference_loss, policy, reference,
                                           beta=self.settings.preference_beta)
         mean_chosen, mean_rejected = policy.means()

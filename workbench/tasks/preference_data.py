@@ -205,9 +205,10 @@ class PreferenceDataset(Dataset):
     """Each pair's chosen and rejected token ids and labels, unpadded; ``lengths``: the longer of the
     two, for the length-grouped sampler."""
 
-    def __init__(self, pairs: list[tuple[list[int], list[int], list[int], list[int]]]):
+    def __init__(self, pairs: list[tuple[list[int], list[int], list[int], list[int]]], first_index: int = 0):
         self.pairs = pairs
         self.lengths = [max(len(c), len(r)) for c, _, r, _ in pairs]
+        self.first_index = first_index  # pair_index of the first pair (the reference table's row)
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -215,7 +216,7 @@ class PreferenceDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         c_ids, c_labels, r_ids, r_labels = self.pairs[index]
         return {"chosen_input_ids": c_ids, "chosen_labels": c_labels,
-                "rejected_input_ids": r_ids, "rejected_labels": r_labels}
+                "rejected_input_ids": r_ids, "rejected_labels": r_labels, "pair_index": self.first_index + index}
 
 
 @dataclass
@@ -242,6 +243,8 @@ class PairCollator:
                 labels[i, :length] = torch.tensor(f[f"{side}_labels"])
                 mask[i, :length] = 1
             batch.update({f"{side}_input_ids": ids, f"{side}_attention_mask": mask, f"{side}_labels": labels})
+        if "pair_index" in features[0]:
+            batch["pair_index"] = torch.tensor([f["pair_index"] for f in features], dtype=torch.long)
         return batch
 
 

@@ -2,7 +2,7 @@
 
 The pickers (workbench.widgets.pickers) decide *when* these views appear; this module
 decides *what* they show. The numbers come from workbench.sources.models (``causal_facts``) and
-workbench.sources.vram (``check_causal_fit``), the token preview from the causal-LM task's
+workbench.sources.vram_causal (``check_causal_fit``), the token preview from the causal-LM task's
 own ``encode_chat``, so the highlighted tokens are exactly the ones a run trains on.
 
     ChatDataView    format and column choosers plus the rendered example (DatasetPicker)
@@ -22,7 +22,7 @@ import traitlets
 
 from workbench.config import DatasetChoice, ModelChoice, TrainConfig
 from workbench.errors import DataError
-from workbench.sources import models, vram
+from workbench.sources import models, vram_causal
 from workbench.tasks.causal_lm import CausalLMTask
 from workbench.tasks.causal_lm_data import IGNORE, detect_format, encode_chat, to_messages
 from workbench.widgets.html_blocks import WARNING, note_html
@@ -58,7 +58,7 @@ def causal_model_html(info: models.ModelInfo, facts: models.CausalFacts) -> str:
             f"<table class='wb-causal-facts'><tbody>{body}</tbody></table>")
 
 
-def _verdict(check: vram.CausalFitCheck, mode: str) -> str:
+def _verdict(check: vram_causal.CausalFitCheck, mode: str) -> str:
     plain, checkpointed = check.fits(mode, False), check.fits(mode, True)
     if plain is None:
         return "no GPU"
@@ -67,7 +67,7 @@ def _verdict(check: vram.CausalFitCheck, mode: str) -> str:
     return "fits with checkpointing" if checkpointed else "does not fit"
 
 
-def causal_estimate_html(check: vram.CausalFitCheck, finetune: str, gradient_checkpointing: bool) -> str:
+def causal_estimate_html(check: vram_causal.CausalFitCheck, finetune: str, gradient_checkpointing: bool) -> str:
     """Full / LoRA / QLoRA side by side, with and without gradient checkpointing, against free memory.
 
     The chosen mode's row is bold; its verdict opens the text so it reads like the
@@ -77,7 +77,7 @@ def causal_estimate_html(check: vram.CausalFitCheck, finetune: str, gradient_che
             "<th>Activations</th><th>Activations (checkpointing)</th><th>Total</th>"
             "<th>Total (checkpointing)</th><th>Fits?</th></tr>")
     rows = []
-    for mode in vram.FINETUNE_MODES:
+    for mode in vram_causal.FINETUNE_MODES:
         plain, ckpt = check.estimates[(mode, False)], check.estimates[(mode, True)]
         state = plain.trainable_weights_bytes + plain.gradients_bytes + plain.optimizer_bytes
         cells = [f"{MODE_NAMES[mode]} ({plain.precision})", _gib(plain.base_weights_bytes),

@@ -35,7 +35,7 @@ import traitlets
 
 from workbench.config import PRECISIONS, DatasetChoice, ModelChoice, RunSpec, TrainConfig
 from workbench.errors import WorkbenchError
-from workbench.sources import cpu_time, models, vram
+from workbench.sources import cpu_time, models, vram, vram_causal
 from workbench.widgets.causal_views import causal_estimate_html, causal_model_html
 from workbench.widgets.dataset_picker import SPAN_TASKS, TASK_OPTIONS, DatasetPicker
 from workbench.widgets.html_blocks import WARNING, error_html, note_html
@@ -53,7 +53,7 @@ class ModelPicker(widgets.VBox):
     ``gradient_checkpointing``, ``task`` (classification | causal_lm: set from the chosen
     model, changeable) and ``finetune`` (full | lora | qlora, causal LMs). ``info`` is the
     selected ModelInfo (None until one loads); ``fit`` the latest vram.FitCheck
-    (classification), ``causal_fit`` the latest vram.CausalFitCheck and ``facts`` the
+    (classification), ``causal_fit`` the latest vram_causal.CausalFitCheck and ``facts`` the
     models.CausalFacts (causal LM). Without a GPU, ``cpu_time`` is the time estimate on this
     CPU, for ``train_rows`` rows of ``text_chars`` characters (0: unknown; ``Pickers`` links
     them to the dataset picker).
@@ -77,7 +77,7 @@ class ModelPicker(widgets.VBox):
         self._selecting = False  # True while a new model sets task and length
         self.info: models.ModelInfo | None = None
         self.fit: vram.FitCheck | None = None
-        self.causal_fit: vram.CausalFitCheck | None = None
+        self.causal_fit: vram_causal.CausalFitCheck | None = None
         self.facts: models.CausalFacts | None = None
         self.cpu_time: cpu_time.CpuTimeEstimate | None = None
         self.auto_batch: str | None = None  # what batch_size="auto" would use, in words
@@ -236,7 +236,7 @@ class ModelPicker(widgets.VBox):
             self.estimate.value = ""
             return
         try:
-            self.causal_fit = vram.check_causal_fit(
+            self.causal_fit = vram_causal.check_causal_fit(
                 self.info, batch_size=self.batch_size, seq_len=self.seq_len, precision=self.precision,
                 free_bytes=self._free_bytes, gpu_name="the GPU" if self._free_bytes else None,
                 device_index=self._device_index, nvml=self._nvml)
