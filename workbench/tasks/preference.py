@@ -184,7 +184,11 @@ class PreferenceTask(CausalLMTask):
         """The reference's log-probabilities of the pairs, precomputed or read from the run folder
         (``preference_reference.py``); returns the messages that say which."""
         s = self.settings
-        self._autocast = accelerator.autocast
+        # The run's autocast, made without holding the accelerator (whose hooks hold this task: a
+        # cycle would keep its DataLoader workers alive after fit returns).
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(accelerator.mixed_precision))
+        device_type = accelerator.device.type
+        self._autocast = (lambda: torch.autocast(device_type, dtype=dtype)) if dtype else contextlib.nullcontext
         if not losses.needs_reference(s.preference_loss):
             return []
         datasets = {"train": train_dataset, "validation": self.eval_dataset}
