@@ -126,11 +126,3 @@ def test_every_workbench_import_in_the_notebook_resolves(path):
                     broken.append(f"cell {i + 1}: {module} has no {name}")
     assert not broken, f"{path.name}: " + "; ".join(broken)
 
-
-def test_moved_causal_estimates_still_import_from_their_old_module():
-    from workbench.sources import vram, vram_causal
-
-    assert vram.compare_finetune_modes is vram_causal.compare_finetune_modes
-    assert vram.estimate_causal_vram is vram_causal.estimate_causal_vram
-    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
-        vram.nothing_here  # noqa: B018

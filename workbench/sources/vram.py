@@ -279,19 +279,3 @@ def check_fit(info: ModelInfo, *, batch_size: int, seq_len: int, precision: str 
                     " more memory (or distributed='fsdp' over several GPUs).")
     return FitCheck(est, free_bytes, gpu_name, False, alternatives, message)
 
-
-# The causal-LM estimates lived here until they moved to vram_causal.py; code written
-# against the old place (``from workbench.sources.vram import compare_finetune_modes``)
-# keeps working. Imported on first use: vram_causal imports this module.
-_MOVED_TO_VRAM_CAUSAL = frozenset({
-    "FINETUNE_MODES", "NF4_BYTES_PER_WEIGHT", "ParameterSplit", "causal_parameters",
-    "CausalVramEstimate", "causal_activation_bytes", "estimate_causal_vram",
-    "compare_finetune_modes", "CausalFitCheck", "check_causal_fit",
-})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_VRAM_CAUSAL:
-        from workbench.sources import vram_causal
-        return getattr(vram_causal, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
