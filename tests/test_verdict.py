@@ -84,9 +84,17 @@ def test_a_language_model_is_judged_against_its_base_model_else_its_first_evalua
 
 # --------------------------------------------------------------------------- real runs
 def test_a_classifier_flat_at_ln2_is_said_to_have_learned_nothing_everywhere(tiny_bert, tmp_path, capsys):
-    """Too high a rate for the tiny BERT (0.05): the loss sits at ln 2, accuracy 0.5, weights finite."""
+    """Every row has the same text and the labels alternate: no model can tell the rows apart, so
+    every evaluation is exactly 0.5 (its loss at best ln 2) on any CPU and at any rate. (A run
+    ruined by too high a rate alone was borderline: one CI run ended at 0.28, 'worse'.)"""
     out = tmp_path / "flat"
-    result = fit(str(tiny_bert), make_dataset(160, 64, seed=5), output_dir=str(out), learning_rate=0.05,
+    labels = ("negative", "positive")
+    same_text = DatasetDict(
+        train=Dataset.from_list([{"text": "The film is overall forgettable.", "label": labels[i % 2]}
+                                 for i in range(160)]),
+        validation=Dataset.from_list([{"text": "The film is overall forgettable.", "label": labels[i % 2]}
+                                      for i in range(64)]))
+    result = fit(str(tiny_bert), same_text, output_dir=str(out), learning_rate=0.05,
                  max_steps=30, eval_every=10, **CLASSIFIER)
     # The result
     assert result.status == "completed" and result.learned is False
