@@ -8,6 +8,7 @@ the same block fast, so the resume test's later processes pay little.
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 
@@ -35,10 +36,24 @@ def test_cuda_graphs_only_on_cuda_with_bucketed_lengths():
     assert compiling.choose_mode("reduce-overhead", "cpu", bucketed=True) == "reduce-overhead"  # as asked
 
 
-def test_buckets_never_pass_max_length():
-    assert compiling.bucket_multiple(256) == 64
-    assert compiling.bucket_multiple(160) == 32  # 160 is 5 x 32: the last bucket ends at 160
-    assert compiling.bucket_multiple(100) == 4
+def test_buckets_grow_by_at_most_half_and_end_at_max_length():
+    assert compiling.bucket_lengths(128) == (8, 16, 24, 32, 48, 64, 96, 128)
+    assert compiling.bucket_lengths(100)[-2:] == (96, 100)  # never past max_length: positions may end there
+    lengths = compiling.bucket_lengths(4096)
+    assert all(b <= a * 3 // 2 for a, b in itertools.pairwise(lengths[1:]))  # <= 1/3 of a batch is extra padding
+    assert all(n % 8 == 0 for n in lengths) and len(lengths) == 18  # few shapes: CUDA graphs record one each
+    assert [compiling.bucket_for(n, lengths) for n in (1, 8, 9, 17, 25, 4096)] == [8, 8, 16, 24, 32, 4096]
+
+
+def test_bucketed_batches_are_padded_to_their_bucket_by_the_tasks_collator():
+    from workbench.tasks.causal_lm_data import PaddingCollator
+
+    collate = compiling.Bucketed(PaddingCollator(pad_token_id=0), max_length=128)
+    short = collate([{"input_ids": [5] * 10, "labels": [5] * 10}, {"input_ids": [6] * 3, "labels": [6] * 3}])
+    assert short["input_ids"].shape == (2, 16) and short["attention_mask"].sum() == 13
+    assert short["labels"][1, 3:].eq(-100).all()  # the bucket's padding is masked out of the loss
+    assert collate([{"input_ids": [5] * 33, "labels": [5] * 33}])["input_ids"].shape == (1, 48)
+    assert collate([{"input_ids": [5] * 128, "labels": [5] * 128}])["input_ids"].shape == (1, 128)
 
 
 def test_bad_settings_name_the_field():
@@ -67,14 +82,15 @@ def test_blocks_compile_in_place_and_the_state_dict_keeps_its_keys(tiny_bert):
     compiled = compiling.prepare(model, collate, True, "auto", "cpu", max_length=64)
     assert compiled.on and compiled.block_name == "BertLayer" and len(compiled.blocks) == 2
     assert all(block._compiled_call_impl is not None for block in compiled.blocks)
-    assert collate.pad_to_multiple_of == 64
+    assert isinstance(compiled.collate, compiling.Bucketed) and compiled.collate.collate is collate
+    assert compiled.buckets == (8, 16, 24, 32, 48, 64)
     assert list(model.state_dict()) == keys  # no _orig_mod.: checkpoints and resume match eager runs
 
 
 def test_auto_on_cpu_leaves_model_and_collator_untouched(tiny_bert):
     model, collate = _tiny_classifier(tiny_bert), _Collate()
     compiled = compiling.prepare(model, collate, "auto", "auto", "cpu", max_length=64)
-    assert not compiled.on and collate.pad_to_multiple_of is None
+    assert not compiled.on and compiled.collate is collate and collate.pad_to_multiple_of is None
     assert "forward" not in vars(model)  # not even the fallback wrapper
 
 
@@ -126,11 +142,11 @@ def test_compiled_classifier_ends_where_the_eager_one_ends(tiny_bert, tmp_path):
     eager = _fit_bert(tiny_bert, tmp_path / "eager", compile=False)
     compiled = _fit_bert(tiny_bert, tmp_path / "compiled", compile=True)
     assert compiled.status == "completed"
-    # Compiled kernels sum in another order and batches are padded to 64: close, not bitwise.
+    # Compiled kernels sum in another order and batches are padded to buckets: close, not bitwise.
     assert compiled.metrics["eval_loss"] == pytest.approx(eager.metrics["eval_loss"], rel=1e-3, abs=1e-4)
     assert compiled.metrics["eval_accuracy"] == eager.metrics["eval_accuracy"]
     start = _events(tmp_path / "compiled")[0]
-    assert start["compile"]["on"] and start["compile"]["block"] == "BertLayer" and start["compile"]["bucket"] == 64
+    assert start["compile"]["on"] and start["compile"]["block"] == "BertLayer" and start["compile"]["buckets"][-1] == 64
     texts = [e["text"] for e in _events(tmp_path / "compiled") if e["kind"] == "message"]
     assert any("Compiled 2 BertLayer blocks" in t and "first step took" in t for t in texts), texts
     assert load_file(eager.model_dir / "model.safetensors").keys() == \

@@ -32,9 +32,9 @@ def test_the_prepare_call_gets_the_optimizer_with_its_model():
     # optimizer, ...) call; Accelerate refuses an optimizer prepared without its model.
     import inspect
 
-    from workbench.engine import train
+    from workbench.engine import setup
 
-    source = inspect.getsource(train._prepare)
+    source = inspect.getsource(setup.prepare)
     made, blocks, prepared = (source.index(s) for s in (
         "make_optimizer(model", "distributed.shard_blocks(accelerator, model)",
         "accelerator.prepare(model, optimizer"))

@@ -338,6 +338,17 @@ def test_oom_at_micro_batch_one_gives_up(tiny_bert, small_data, tmp_path, monkey
     assert info.value.step == 2
 
 
+def test_epoch_ends_keep_the_caches_and_the_run_frees_memory_once_at_its_end(tiny_bert, tmp_path, monkeypatch):
+    # gc.collect over a loaded transformers heap costs ~0.2 s and empty_cache makes the next
+    # epoch re-allocate what it frees: at every epoch end that was an epoch of a small dataset.
+    calls = []
+    monkeypatch.setattr(train, "free_memory", lambda: calls.append("free"))
+    result = _quick(tiny_bert, make_dataset(24, 8, seed=5), tmp_path / "run", max_steps=9)  # 3 epochs of 3 steps
+    epochs = [e["epoch"] for e in result.history if e["kind"] == "eval"]
+    assert result.status == "completed" and epochs == [1.0, 2.0, 3.0]
+    assert calls == ["free"]  # _close, once
+
+
 def test_sentence_pairs_int_labels_and_gradient_checkpointing(tiny_bert, tmp_path):
     rows = [{"a": "the film is great", "b": "the plot is dull", "label": i % 3} for i in range(48)]
     data = DatasetDict(train=Dataset.from_list(rows), validation=Dataset.from_list(rows[:12]))

@@ -4,6 +4,7 @@ Start reading at ``train.py``: ``fit`` reads top to bottom (set-up, the loop, th
 What only the loop uses sits beside it, one job a module:
 
     inputs.py       fit's inputs (model, data, settings) -> a TrainConfig and loaded splits
+    setup.py        building the run: tokenizer, model, batches, optimizer, schedule, event log -> Run
     batching.py     the length-grouped sampler, the loader, the windows of one optimizer step
     precision.py    fp32 / fp16 / bf16: what the device supports, what "auto" picks, and why
     cpu_bf16.py     what bf16 on a CPU needs beyond autocast: attention computed in fp32

@@ -1,6 +1,6 @@
 """Compilation: the repeated blocks of a model compiled in place, bucketed lengths, the eager fallback.
 
-The loop calls this module through one seam, ``prepare`` in ``train._prepare``; with
+The loop calls this module through one seam, ``prepare`` in ``setup.prepare``; with
 ``compile=False`` (or ``"auto"`` where it does not pay) nothing here touches the model and
 the run is the eager reference every test compares against.
 
@@ -15,10 +15,16 @@ the run is the eager reference every test compares against.
   ``compile_regions`` is not used (it returns such wrappers); its in-place
   ``compile_regions_fsdp2`` also compiles every leaf outside the blocks (embeddings, the
   head), which buys nothing and compiles more. Its ``is_repeated_blocks`` finds the blocks.
-- **Bucketed lengths.** Batches are padded to a multiple of ``BUCKET`` tokens (by the task's
-  own collator, which pads anyway) so a run meets a few shapes, not one per batch; dynamo
-  makes the length symbolic after its second shape, and the recompile limit is raised to
-  cover the buckets (training and evaluation are separate graphs: grad mode and dropout).
+- **Bucketed lengths.** Each batch is padded up to the next of a few lengths, 8, 16, 24, 32,
+  48, 64, 96, 128, ... (each at most 1.5x the one before) and ``max_length`` (``Bucketed``: the
+  task's own collator pads, to the bucket instead of its longest row), so a run meets a few
+  shapes, not one per batch, and a batch carries at most ~1/3 more padding than its longest
+  row needs. A single multiple of 64 was tried first: short rows (SST-2's are ~10-25 tokens)
+  then ran 3-6x their length, which made a compiled bert stand-in slower than eager
+  (benchmarks/step_overhead.py). CUDA graphs record one graph per shape, so they need the few;
+  in default mode dynamo makes the length symbolic after its second shape. The recompile
+  limit is raised to cover the buckets (training and evaluation are separate graphs: grad
+  mode and dropout).
 - **Fallback.** Compile errors surface at the first forward pass that meets the block, not
   at ``module.compile()``. The model's outermost forward is wrapped: on a dynamo or
   inductor error the blocks are put back to eager, the reason is kept for a message, and
@@ -31,14 +37,14 @@ the run is the eager reference every test compares against.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-BUCKET = 64  # tokens: padding costs little next to a recompile, and CUDA graphs need few shapes
+SMALLEST_BUCKET = 8  # tokens: tensor-core friendly; every bucket is a multiple of it (but max_length)
 
 
 def wanted(setting, device_type: str) -> tuple[bool, str]:
@@ -62,10 +68,36 @@ def choose_mode(mode: str, device_type: str, bucketed: bool) -> str:
     return "reduce-overhead" if device_type == "cuda" and bucketed else "default"
 
 
-def bucket_multiple(max_length: int, bucket: int = BUCKET) -> int:
-    """The multiple batches are padded to: ``bucket``, or a divisor of ``max_length`` so that
-    the last bucket is never longer than max_length (the model's positions may end there)."""
-    return math.gcd(bucket, max_length)
+def bucket_lengths(max_length: int) -> tuple[int, ...]:
+    """The lengths batches are padded up to: 8, 16, then 1.5x and 2x steps (24, 32, 48, 64, 96,
+    128, ...) below ``max_length``, and ``max_length`` itself (the model's positions may end there)."""
+    lengths, n = [], SMALLEST_BUCKET
+    while n < max_length:
+        lengths.append(n)
+        n = 2 * n if n < 2 * SMALLEST_BUCKET else (n * 3 // 2 if n & (n - 1) == 0 else n * 4 // 3)
+    return (*lengths, max_length)
+
+
+def bucket_for(longest: int, lengths: tuple[int, ...]) -> int:
+    """The shortest bucket that holds a row of ``longest`` tokens (rows are cut at max_length)."""
+    return lengths[min(bisect.bisect_left(lengths, longest), len(lengths) - 1)]
+
+
+class Bucketed:
+    """The task's collator, padding each batch to its bucket length instead of its longest row.
+
+    The task's collators pad to a multiple of ``pad_to_multiple_of``; set to the bucket (which is
+    at least the batch's longest row), that multiple is the bucket. A class, not a closure: a
+    DataLoader's workers get it pickled."""
+
+    def __init__(self, collate, max_length: int):
+        self.collate, self.lengths = collate, bucket_lengths(max_length)
+
+    def __call__(self, features: list[dict]):
+        longest = max((len(v) for f in features for v in f.values()
+                       if isinstance(v, (list, tuple)) or getattr(v, "ndim", 0) >= 1), default=1)
+        self.collate.pad_to_multiple_of = bucket_for(longest, self.lengths)
+        return self.collate(features)
 
 
 def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -92,7 +124,8 @@ class Compiled:
     mode: str | None = None
     blocks: list = field(default_factory=list)
     block_name: str = ""
-    bucket: int | None = None
+    buckets: tuple[int, ...] | None = None  # the lengths batches are padded up to; None: not bucketed
+    collate: object = None  # the collator to load batches with (bucketed, or the task's own)
     failure: str | None = None  # why it fell back to eager, once it did
     notes: list = field(default_factory=list)  # (text, level) for the run's messages
     first_step_s: float | None = None
@@ -100,7 +133,8 @@ class Compiled:
     def describe(self) -> dict:
         """The start event's ``compile`` field."""
         return {"on": self.on, "reason": self.reason, "mode": self.mode, "blocks": len(self.blocks),
-                "block": self.block_name, "bucket": self.bucket}
+                "block": self.block_name,
+                "buckets": list(self.buckets) if self.buckets else None}
 
     def restore_eager(self, error: BaseException) -> None:
         for block in self.blocks:
@@ -161,28 +195,29 @@ def _guard_forward(model: torch.nn.Module, compiled: Compiled) -> None:
 
 
 def prepare(model: torch.nn.Module, collate, setting, mode: str, device_type: str, max_length: int) -> Compiled:
-    """Compile ``model``'s repeated blocks in place, bucket ``collate``'s lengths; or nothing."""
+    """Compile ``model``'s repeated blocks in place and bucket ``collate``'s lengths; or nothing.
+    Batches are loaded with the returned ``Compiled.collate``."""
     on, reason = wanted(setting, device_type)
     if not on:
-        return Compiled(on=False, reason=reason)
+        return Compiled(on=False, reason=reason, collate=collate)
     blocks = repeated_blocks(model)
     if not blocks:
-        return Compiled(on=False, reason=f"{type(model).__name__} has no repeated blocks to compile",
+        return Compiled(on=False, reason=f"{type(model).__name__} has no repeated blocks to compile", collate=collate,
                         notes=[(f"compile: {type(model).__name__} has no list of repeated layers to compile; "
                                 "the run is eager.", "warn")])
-    bucket = None
+    buckets = None
     if hasattr(collate, "pad_to_multiple_of"):  # the task's collator pads; flattened batches have none
-        bucket = bucket_multiple(max_length)
-        collate.pad_to_multiple_of = max(bucket, collate.pad_to_multiple_of or 1)
-    chosen = choose_mode(mode, device_type, bucketed=bucket is not None)
+        collate = Bucketed(collate, max_length)
+        buckets = collate.lengths
+    chosen = choose_mode(mode, device_type, bucketed=buckets is not None)
     # Each bucket's length, for training and for evaluation, plus a margin before dynamo gives up.
-    buckets = math.ceil(max_length / bucket) if bucket else 8
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * buckets + 4)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               2 * len(buckets or range(8)) + 4)
     # Lower the backward with the forward, so a failing backward compile is caught by the forward's fallback.
     torch._functorch.config.force_non_lazy_backward_lowering = True
     for block in blocks:
         block.compile(mode=chosen)
     compiled = Compiled(on=True, reason=reason, mode=chosen, blocks=blocks, block_name=type(blocks[0]).__name__,
-                        bucket=bucket)
+                        buckets=buckets, collate=collate)
     _guard_forward(model, compiled)
     return compiled

@@ -29,7 +29,7 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def free_memory() -> None:
-    """Collect garbage and return cached blocks to the driver (at epoch ends and after an OOM)."""
+    """Collect garbage and return cached blocks to the driver (after an OOM, and when a run ends)."""
     from accelerate.utils.memory import clear_device_cache
 
     clear_device_cache(garbage_collection=True)

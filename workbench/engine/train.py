@@ -9,9 +9,11 @@ a module beside this one. Views are listeners on the event log (``listeners=``):
 notebook front end is imported here, so it runs the same under torchrun, papermill and
 CI; ``workbench.fit`` (``workbench.frontend``) attaches the view for where it runs.
 
-Why ~560 lines: the loop is meant to read top to bottom in one file (set-up, step,
+Building the run (tokenizer, model, batches, optimizer, schedule, event log: ``Run``) is
+``setup.py``'s. Why ~480 lines: the loop is meant to read top to bottom in one file (step,
 evaluation, save, finish), as nanoGPT's does; everything that is not the loop's own order
-already lives beside it. The next split: ``_prepare`` (building the run) into ``setup.py``.
+already lives beside it. The next split: the finish (``_fit_run``'s end: final model, verdict,
+``end`` event) into ``finish.py``.
 """
 
 from __future__ import annotations
@@ -23,77 +25,32 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from workbench.config import ModelChoice, TrainConfig
+from workbench.engine import batch_size as auto_batch
 from workbench.engine import (
-    async_checkpoint,
     batching,
     checkpoint,
-    cpu_bf16,
     distributed,
     inputs,
     run_lock,
+    setup,
 )
-from workbench.engine import batch_size as auto_batch
-from workbench.engine.compile import Compiled
-from workbench.engine.compile import prepare as prepare_compile
-from workbench.engine.divergence import DivergenceGuard, measure_start
-from workbench.engine.events import EventLog
+from workbench.engine.divergence import measure_start
 from workbench.engine.memory import free_memory, with_halving
-from workbench.engine.optim import make_optimizer, make_scheduler
-from workbench.engine.precision import PrecisionChoice, choose_precision, device_facts
+from workbench.engine.precision import choose_precision, device_facts
 from workbench.engine.results import BEST_DIR, MODEL_DIR, FitResult
-from workbench.engine.stopping import HARD_STOP_AFTER, StopRequest, stop_on_signals
+from workbench.engine.setup import Run
+from workbench.engine.stopping import HARD_STOP_AFTER, stop_on_signals
 from workbench.engine.verdict import final_verdict, judge, reference
 from workbench.errors import CheckpointError, TrainingError
-from workbench.sources import gguf, model_checks
+from workbench.sources import model_checks
 from workbench.tasks import make_task
-from workbench.tasks.base import Task, split_batch
-
-
-@dataclass
-class _Run:
-    """Everything the loop touches, built once by ``_prepare``."""
-
-    config: TrainConfig
-    task: Task
-    accelerator: Any
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    train_loader: Any
-    eval_loader: Any
-    sampler: batching.LengthGroupedBatchSampler
-    tokenizer: Any
-    log: EventLog
-    record: dict
-    precision: PrecisionChoice  # what runs (.precision: fp32 | fp16 | bf16) and why (.reason)
-    total_steps: int
-    batches_per_epoch: int
-    state: checkpoint.TrainState
-    stop: StopRequest
-    notes: list = field(default_factory=list)  # (text, level) from set-up, logged after "start"
-    display: bool = False  # a listener shows messages; otherwise they are printed
-    pending_losses: list = field(default_factory=list)  # (step, device tensor) since last log
-    last_log: tuple[float, int, int] = (0.0, 0, 0)  # (time, step, samples) at the last train event
-    samples: int = 0  # rows seen by this process since the start of this call
-    rng_before_step: dict | None = None  # RNG states while a step is in progress
-    eval_micro_batch: int = 0  # rows per eval forward pass (halved on out-of-memory)
-    guard: DivergenceGuard | None = None  # stops a run whose loss went far above its start (finite weights)
-    train_dataset: Any = None  # the tokenized training rows and their collator: the guard measures
-    collate: Any = None  # the start on them (divergence.measure_start)
-    compiled: Compiled = field(default_factory=lambda: Compiled(on=False, reason="not prepared"))  # engine/compile.py
-    checkpoints: async_checkpoint.Writer = field(  # checkpoints written off the training thread, or not
-        default_factory=lambda: async_checkpoint.Writer(on=False, reason="not prepared"))
-
-    @property
-    def output_dir(self) -> Path:
-        return Path(self.config.output_dir)
+from workbench.tasks.base import split_batch
 
 
 # -------------------------------------------------------------------- entry point
@@ -140,7 +97,7 @@ def fit(
         if batch_choice is not None and hasattr(task, "settings"):  # the causal LM's packing choice reads it
             task.settings = dataclasses.replace(task.settings, batch_size=config.batch_size)
         with stop_on_signals() as stop:
-            run = _prepare(model_choice, splits, task, config, precision, stop, listeners, data_facts,
+            run = setup.prepare(model_choice, splits, task, config, precision, stop, listeners, data_facts,
                            batch_choice)
             if lock is not None and lock.note:
                 run.notes.insert(0, (lock.note, "warn"))
@@ -163,7 +120,7 @@ def _train_rows(splits) -> int | None:
         return None
 
 
-def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitResult:
+def _fit_run(run: Run, resume_from: Path | None, history: list[dict]) -> FitResult:
     acc, config = run.accelerator, run.config
     messages = list(run.notes)
     if acc.is_main_process:  # under the lock: no other run's save is in progress here
@@ -246,7 +203,7 @@ def _fit_run(run: _Run, resume_from: Path | None, history: list[dict]) -> FitRes
 
 
 # ------------------------------------------------------------------------ the loop
-def _train(run: _Run) -> str:
+def _train(run: Run) -> str:
     """Optimizer steps until the end or a stop request. Returns "completed" or "interrupted"."""
     cfg, state = run.config, run.state
     windows = batching.step_windows(run.train_loader, run.sampler, run.accelerator, run.state,
@@ -285,8 +242,10 @@ def _train(run: _Run) -> str:
                 _evaluate(run)
             if last or ((step % cfg.save_every == 0) if cfg.save_every else epoch_done):
                 _save_checkpoint(run)
-            if epoch_done:
-                free_memory()
+            # No cache clearing at epoch ends: the next epoch needs the same blocks right back (an
+            # empty_cache makes it re-allocate them), and gc.collect over a loaded transformers
+            # heap costs ~0.2 s, which on a GPU is an epoch of a small dataset. After an OOM and
+            # at the end of the run (memory.py, _close) memory is freed.
             if _stop_requested(run, step):
                 return "interrupted"
     finally:
@@ -294,7 +253,7 @@ def _train(run: _Run) -> str:
     return "completed"
 
 
-def _optimizer_step(run: _Run, batches: list[dict], step: int) -> torch.Tensor:
+def _optimizer_step(run: Run, batches: list[dict], step: int) -> torch.Tensor:
     """Forward/backward over the window in micro-batches, then one optimizer step.
 
     Each micro-batch's mean loss is weighted by its share of the window's units (rows,
@@ -328,7 +287,7 @@ def _optimizer_step(run: _Run, batches: list[dict], step: int) -> torch.Tensor:
     return step_loss
 
 
-def _step_with_oom_retry(run: _Run, batches: list[dict], step: int) -> torch.Tensor:
+def _step_with_oom_retry(run: Run, batches: list[dict], step: int) -> torch.Tensor:
     """Retry the same step with half the micro-batch (twice the accumulation) on out-of-memory."""
     def halved(size: int) -> None:
         run.optimizer.zero_grad(set_to_none=True)
@@ -343,7 +302,7 @@ def _step_with_oom_retry(run: _Run, batches: list[dict], step: int) -> torch.Ten
                             "a smaller model, or distributed='fsdp' across several GPUs.", step=step))
 
 
-def _stop_requested(run: _Run, step: int) -> bool:
+def _stop_requested(run: Run, step: int) -> bool:
     stop = run.stop.reason is not None
     if run.accelerator.num_processes > 1:
         # Every rank must stop at the same step, or DDP waits forever for the others.
@@ -355,7 +314,7 @@ def _stop_requested(run: _Run, step: int) -> bool:
 
 
 # ------------------------------------------------------------- logging and checks
-def _check_losses(run: _Run) -> float | None:
+def _check_losses(run: Run) -> float | None:
     """Mean of the losses since the last check; TrainingError at the first non-finite one."""
     if not run.pending_losses:
         return None
@@ -379,7 +338,7 @@ def _check_losses(run: _Run) -> float | None:
     return sum(values) / len(values)
 
 
-def _check_divergence(run: _Run, partial: bool = False) -> None:
+def _check_divergence(run: Run, partial: bool = False) -> None:
     """TrainingError when the loss has gone to chance level and stayed there (engine/divergence.py)."""
     found = run.guard.diverged(partial=partial)
     if found is None:
@@ -405,7 +364,7 @@ def _lower_rate(config: TrainConfig) -> str:
     return f"it is {config.lr:g}; try {config.lr / 10:g}"
 
 
-def _verdict_message(run: _Run, verdict: dict) -> str:
+def _verdict_message(run: Run, verdict: dict) -> str:
     if verdict["outcome"] in ("better", "unknown"):
         return verdict["text"]
     config = run.config
@@ -418,7 +377,7 @@ def _verdict_message(run: _Run, verdict: dict) -> str:
             "majority-class baseline.")
 
 
-def _log_train(run: _Run) -> None:
+def _log_train(run: Run) -> None:
     loss = _check_losses(run)
     now, state = time.perf_counter(), run.state
     then, then_step, then_samples = run.last_log
@@ -435,7 +394,7 @@ def _log_train(run: _Run) -> None:
     )
 
 
-def _train_metrics(run: _Run) -> dict[str, float]:
+def _train_metrics(run: Run) -> dict[str, float]:
     """The task's own train-side means since the last log (Task.take_train_tally), over every process."""
     take = getattr(run.task, "take_train_tally", None)
     tally = take() if take is not None else None
@@ -448,18 +407,18 @@ def _train_metrics(run: _Run) -> dict[str, float]:
     return {name: round(value / rows, 6) for name, value in zip(names, values, strict=True)} if rows else {}
 
 
-def _compile_notes(run: _Run) -> None:
+def _compile_notes(run: Run) -> None:
     while run.compiled.notes:
         _message(run, *run.compiled.notes.pop(0))
 
 
-def _message(run: _Run, text: str, level: str = "info") -> None:
+def _message(run: Run, text: str, level: str = "info") -> None:
     run.log.write("message", text=text, level=level)
     if run.log.enabled and not run.display:  # no view attached: still say it
         print(f"workbench: {text}", file=sys.stderr if level != "info" else sys.stdout, flush=True)
 
 
-def _evaluate(run: _Run, candidate: bool = True) -> dict[str, float]:
+def _evaluate(run: Run, candidate: bool = True) -> dict[str, float]:
     """Evaluate, log an ``eval`` event, keep the weights in best/ when they beat the best so far.
 
     ``candidate=False`` (the step-0 evaluation): logged like any other, never kept as best:
@@ -521,7 +480,7 @@ def _evaluate(run: _Run, candidate: bool = True) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------- saving
-def _save_checkpoint(run: _Run) -> Path:
+def _save_checkpoint(run: Run) -> Path:
     """Every process saves its part (Accelerate); the main process makes it atomic."""
     _check_losses(run)  # never checkpoint weights that a NaN loss has already ruined
     if not checkpoint.weights_finite(run.accelerator, run.model):
@@ -537,19 +496,19 @@ def _save_checkpoint(run: _Run) -> Path:
     return path
 
 
-def _checkpoints_committed(run: _Run, wait: bool) -> None:
+def _checkpoints_committed(run: Run, wait: bool) -> None:
     """The ``checkpoint`` event of each background save once its folder is committed, written
     from this thread; the writer's error (a CheckpointError for a failed write) is raised here."""
     for step, path in run.checkpoints.completed(wait=wait):
         run.log.write("checkpoint", step=step, path=str(path))
 
 
-def _save_model(run: _Run, directory: Path, extra: dict | None = None) -> Path:
+def _save_model(run: Run, directory: Path, extra: dict | None = None) -> Path:
     return checkpoint.save_model(run.accelerator, run.task, run.model, run.tokenizer, directory, extra,
                                  run_dir=run.output_dir)
 
 
-def _resume(run: _Run, path: Path) -> list[tuple[str, str]]:
+def _resume(run: Run, path: Path) -> list[tuple[str, str]]:
     """Load everything from ``path`` (refused when it is another run's); returns messages to log."""
     state, messages = checkpoint.resume(run.accelerator, path, run.record)
     run.state = checkpoint.TrainState(**state)
@@ -559,7 +518,7 @@ def _resume(run: _Run, path: Path) -> list[tuple[str, str]]:
     return messages
 
 
-def _result(run: _Run, status: str, model_dir: Path | None, history: list[dict],
+def _result(run: Run, status: str, model_dir: Path | None, history: list[dict],
             verdict: dict | None = None) -> FitResult:
     best = run.output_dir / BEST_DIR
     return FitResult(output_dir=run.output_dir, model_dir=model_dir, status=status,
@@ -568,85 +527,7 @@ def _result(run: _Run, status: str, model_dir: Path | None, history: list[dict],
                      label_names=list(run.task.identity().get("labels", [])), verdict=verdict)
 
 
-# ------------------------------------------------------------------------- set-up
-def _prepare(model_choice, splits, task: Task, config: TrainConfig, precision: PrecisionChoice,
-             stop: StopRequest, listeners: Sequence[Callable], data_facts: dict | None = None,
-             batch_choice: auto_batch.BatchChoice | None = None) -> _Run:
-    from accelerate.utils import set_seed
-
-    # bf16/fp16: Accelerate runs the model's forward under torch.autocast and keeps the weights,
-    # gradients and AdamW state in fp32 (the 16-bit copies are made per op, or cached per step).
-    accelerator = distributed.make_accelerator(config, precision.precision)
-    if batch_choice is not None and distributed.differs_across_processes(accelerator, config.batch_size):
-        raise TrainingError(f"batch_size auto chose different micro-batches on different GPUs ({batch_choice.reason})",
-                            "set batch_size to a number: every process must use the same one.")
-    set_seed(config.seed)  # the new head's initial weights depend on it
-    tokenizer = task.load_tokenizer(model_choice)
-    # The task sees the precision that runs ("bf16"), not "auto": a frozen LoRA base is loaded in it.
-    model = task.build_model(model_choice, tokenizer, dataclasses.replace(config, precision=precision.precision))
-    if precision.precision == "bf16" and not torch.cuda.is_available():
-        cpu_bf16.attention_in_fp32(model)  # CPU flash attention is 2-2.6x slower in bf16 than in fp32
-    notes = []
-    max_length, note = model_checks.effective_max_length(config.max_length, model.config, model_choice.name_or_path)
-    if note:  # capped to the model's positions, before tokenizing and recording the run
-        config = dataclasses.replace(config, max_length=max_length)
-        notes.append((note, "warn"))
-    with accelerator.local_main_process_first():  # datasets' cache is written once per node
-        train_ds, eval_ds = task.datasets(splits, tokenizer, config.max_length, model)
-    notes = [*task.notes, *notes]  # the task's, from checking and encoding the data and loading the model
-    if batch_choice is not None:
-        notes.append((batch_choice.reason, "info"))
-    if precision.warning:
-        notes.append((precision.warning, "warn"))
-    collate = task.collator(tokenizer)
-    # Compiled blocks (or nothing: compile=False, "auto" on a CPU); pads the collator's batches to buckets.
-    compiled = prepare_compile(model, collate, config.compile, config.compile_mode, accelerator.device.type,
-                               config.max_length)
-    sampler = batching.LengthGroupedBatchSampler(train_ds.lengths, config.batch_size, seed=config.seed,
-                                                 group_by_length=config.group_by_length)
-    eval_sampler = batching.LengthGroupedBatchSampler(eval_ds.lengths, config.batch_size * 2, shuffle=False)
-    train_loader = batching.make_loader(train_ds, sampler, collate, config.num_workers, config.seed)
-    eval_loader = batching.make_loader(eval_ds, eval_sampler, collate, config.num_workers, config.seed)
-    # Made from the unwrapped model and prepared with it in one call: under FSDP2 Accelerate swaps
-    # the optimizer's parameters for the sharded ones there (distributed.fsdp_plugin says why).
-    optimizer = make_optimizer(model, config)
-    distributed.shard_blocks(accelerator, model)
-    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
-
-    batches_per_epoch = len(train_loader)  # this process's share
-    steps_per_epoch = math.ceil(batches_per_epoch / config.gradient_accumulation_steps)
-    total_steps = config.max_steps or math.ceil(config.num_epochs * steps_per_epoch)
-    scheduler = make_scheduler(config.scheduler, optimizer, int(config.warmup_ratio * total_steps), total_steps)
-    scheduler = accelerator.prepare(scheduler)  # saved and restored with the accelerator's state
-    checkpoint.keep_task_weights(accelerator, task)
-    on, reason, note = async_checkpoint.choose(config.async_checkpoints, accelerator.device.type,
-                                               accelerator.num_processes, config.distributed)
-    if on and (why := async_checkpoint.unsupported(accelerator)):
-        on, reason, note = False, f"synchronous: {why}", f"async_checkpoints: synchronous saves ({why})."
-    notes += [(note, "info")] if note else []
-
-    log = EventLog(config.output_dir, enabled=accelerator.is_main_process)
-    for listener in listeners if accelerator.is_main_process else ():
-        log.add_listener(listener)
-    record = checkpoint.run_record(asdict(config), seed=config.seed, precision=precision.precision,
-                                   world_size=accelerator.num_processes,
-                                   extra={"precision_reason": precision.reason,
-                                          "model": model_choice.name_or_path,
-                                          "model_content": gguf.content_identity(model_choice.name_or_path),
-                                          "data": data_facts or {}, **task.identity(),
-                                          "batch_size_auto": batch_choice.record() if batch_choice else None})
-    return _Run(config=config, task=task, accelerator=accelerator, model=model, optimizer=optimizer,
-                scheduler=scheduler, train_loader=train_loader, eval_loader=eval_loader, sampler=sampler,
-                tokenizer=tokenizer, log=log, record=record, precision=precision, total_steps=total_steps,
-                batches_per_epoch=batches_per_epoch, state=checkpoint.TrainState(micro_batch_size=config.batch_size),
-                stop=stop, notes=notes + compiled.notes, display=bool(listeners), train_dataset=train_ds,
-                collate=collate, compiled=compiled, checkpoints=async_checkpoint.Writer(on=on, reason=reason),
-                guard=DivergenceGuard(task.num_classes(), total_steps, language_model=task.name == "causal_lm",
-                                      rows_per_step=config.batch_size * config.gradient_accumulation_steps
-                                      * accelerator.num_processes))
-
-
-def _close(run: _Run) -> None:
+def _close(run: Run) -> None:
     run.checkpoints.close()  # never release the folder while a save is being written into it
     run.log.close()
     if run.accelerator.num_processes == 1:

@@ -17,7 +17,7 @@ def _parse_value(text: str):
     """``--set train.num_epochs=1``: the value is read as YAML (numbers, null, true...)."""
     import yaml
 
-    from workbench.config import yaml_loader
+    from workbench.config_files import yaml_loader
 
     return yaml.load(text, Loader=yaml_loader())  # as in the file: 2e-5 is a number
 

@@ -30,7 +30,7 @@ class Combination:
 def parse_value(text: str) -> Any:
     import yaml
 
-    from workbench.config import yaml_loader
+    from workbench.config_files import yaml_loader
 
     try:
         value = yaml.load(text, Loader=yaml_loader())  # noqa: S506 — SafeLoader plus one float rule
