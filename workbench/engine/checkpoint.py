@@ -17,7 +17,9 @@ leaves either the previous checkpoints untouched or a dot-folder that is never
 chosen: only folders whose manifest matches their files count as valid.
 
 Why one module of ~560 lines: writing, checking and resuming a checkpoint share its layout
-and its atomic-folder rules; the final and best model folders use the same writer.
+and its atomic-folder rules; the final and best model folders use the same writer. The next
+split: the run record and its comparison on resume (``environment`` to ``check_same_run``) into
+``run_record.py``.
 """
 
 from __future__ import annotations

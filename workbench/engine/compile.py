@@ -210,9 +210,10 @@ def prepare(model: torch.nn.Module, collate, setting, mode: str, device_type: st
         collate = Bucketed(collate, max_length)
         buckets = collate.lengths
     chosen = choose_mode(mode, device_type, bucketed=buckets is not None)
-    # Each bucket's length, for training and for evaluation, plus a margin before dynamo gives up.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                               2 * len(buckets or range(8)) + 4)
+    # Each bucket's length, for training and for evaluation, plus a margin before dynamo gives up
+    # (unbucketed batches: dynamo makes the length symbolic after its second one, so 8 is plenty).
+    shapes = len(buckets) if buckets else 8
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * shapes + 4)
     # Lower the backward with the forward, so a failing backward compile is caught by the forward's fallback.
     torch._functorch.config.force_non_lazy_backward_lowering = True
     for block in blocks:

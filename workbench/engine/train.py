@@ -10,7 +10,7 @@ notebook front end is imported here, so it runs the same under torchrun, papermi
 CI; ``workbench.fit`` (``workbench.frontend``) attaches the view for where it runs.
 
 Building the run (tokenizer, model, batches, optimizer, schedule, event log: ``Run``) is
-``setup.py``'s. Why ~480 lines: the loop is meant to read top to bottom in one file (step,
+``setup.py``'s. Why ~540 lines: the loop is meant to read top to bottom in one file (step,
 evaluation, save, finish), as nanoGPT's does; everything that is not the loop's own order
 already lives beside it. The next split: the finish (``_fit_run``'s end: final model, verdict,
 ``end`` event) into ``finish.py``.

@@ -21,7 +21,7 @@ precision ran and why. Fields the run record or the events gain later appear by 
 never cost a saved model: a failure to write one is a warning and a stub README that says why
 (``safe_write_card``).
 
-Why ~510 lines: one section function per part of the card, read in the card's order. The next
+Why ~520 lines: one section function per part of the card, read in the card's order. The next
 split: the Hub metadata (``_training_eval_results``, ``_benchmark_eval_results``) into
 ``card_metadata.py``.
 """

@@ -17,7 +17,7 @@ carry loss (``logits_to_keep`` with a boolean mask: transformers gathers those
 hidden states before the head), through the model's own forward so that DDP,
 FSDP and peft hooks all run. The result equals ``model(**batch).loss``.
 
-Why ~540 lines: after ``causal_lm_data.py`` took the data, this is one Task class (model,
+Why ~590 lines: after ``causal_lm_data.py`` took the data, this is one Task class (model,
 LoRA/QLoRA loading, loss, evaluation with generation, saving and merging). The next split:
 generation metrics and the merge-on-finish into ``causal_lm_finish.py``.
 """

@@ -18,7 +18,9 @@ The panel never raises into the notebook: errors are shown in its header and
 kept in ``panel.errors``.
 
 Why ~510 lines: the panel draws cards, host and processes from one snapshot and
-owns the sampling thread; the drawing helpers are small functions beside it.
+owns the sampling thread; the drawing helpers are small functions beside it. The next
+split: the formatting and drawing helpers (``fmt_bytes`` to ``_bar``, with ``_GpuCard``) into
+``gpu_cards.py``, the panel and its thread staying here.
 """
 
 from __future__ import annotations
