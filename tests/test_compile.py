@@ -56,6 +56,18 @@ def test_bucketed_batches_are_padded_to_their_bucket_by_the_tasks_collator():
     assert collate([{"input_ids": [5] * 128, "labels": [5] * 128}])["input_ids"].shape == (1, 128)
 
 
+def test_aligned_batches_pad_to_a_multiple_of_8_and_leave_the_tasks_collator_as_it_was():
+    from workbench.tasks.causal_lm_data import PaddingCollator
+
+    task_collate = PaddingCollator(pad_token_id=0)
+    collate = compiling.Aligned(task_collate)
+    batch = collate([{"input_ids": [5] * 10, "labels": [5] * 10}, {"input_ids": [6] * 3, "labels": [6] * 3}])
+    assert batch["input_ids"].shape == (2, 16) and batch["labels"][1, 3:].eq(-100).all()
+    assert collate([{"input_ids": [5] * 93, "labels": [5] * 93}])["input_ids"].shape == (1, 96)
+    assert task_collate.pad_to_multiple_of is None  # the eager fallback pads as the task does
+    assert compiling.Aligned(PaddingCollator(pad_token_id=0, pad_to_multiple_of=64)).multiple == 64  # never less
+
+
 def test_bad_settings_name_the_field():
     with pytest.raises(ConfigError, match="compile"):
         TrainConfig(compile="yes")
@@ -82,9 +94,24 @@ def test_blocks_compile_in_place_and_the_state_dict_keeps_its_keys(tiny_bert):
     compiled = compiling.prepare(model, collate, True, "auto", "cpu", max_length=64)
     assert compiled.on and compiled.block_name == "BertLayer" and len(compiled.blocks) == 2
     assert all(block._compiled_call_impl is not None for block in compiled.blocks)
-    assert isinstance(compiled.collate, compiling.Bucketed) and compiled.collate.collate is collate
-    assert compiled.buckets == (8, 16, 24, 32, 48, 64)
+    assert isinstance(compiled.collate, compiling.Aligned) and compiled.multiple == 8  # default mode on a CPU
+    assert compiled.buckets is None and collate.pad_to_multiple_of is None
     assert list(model.state_dict()) == keys  # no _orig_mod.: checkpoints and resume match eager runs
+
+
+def test_cuda_graphs_get_buckets_and_a_step_mark_the_other_modes_only_alignment(tiny_bert, monkeypatch):
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    graphs = compiling.prepare(_tiny_classifier(tiny_bert), _Collate(), True, "reduce-overhead", "cpu", max_length=64)
+    assert isinstance(graphs.collate, compiling.Bucketed) and graphs.buckets == (8, 16, 24, 32, 48, 64)
+    assert graphs.describe()["buckets"] == [8, 16, 24, 32, 48, 64] and graphs.multiple is None
+    graphs.step_begins()
+    assert marks == [1]
+    default = compiling.prepare(_tiny_classifier(tiny_bert), _Collate(), True, "auto", "cpu", max_length=64)
+    assert isinstance(default.collate, compiling.Aligned) and default.buckets is None
+    assert default.describe()["multiple"] == 8
+    default.step_begins()
+    assert marks == [1]  # no CUDA graphs, no mark
 
 
 def test_auto_on_cpu_leaves_model_and_collator_untouched(tiny_bert):
@@ -142,11 +169,11 @@ def test_compiled_classifier_ends_where_the_eager_one_ends(tiny_bert, tmp_path):
     eager = _fit_bert(tiny_bert, tmp_path / "eager", compile=False)
     compiled = _fit_bert(tiny_bert, tmp_path / "compiled", compile=True)
     assert compiled.status == "completed"
-    # Compiled kernels sum in another order and batches are padded to buckets: close, not bitwise.
+    # Compiled kernels sum in another order and batches are padded to a multiple of 8: close, not bitwise.
     assert compiled.metrics["eval_loss"] == pytest.approx(eager.metrics["eval_loss"], rel=1e-3, abs=1e-4)
     assert compiled.metrics["eval_accuracy"] == eager.metrics["eval_accuracy"]
     start = _events(tmp_path / "compiled")[0]
-    assert start["compile"]["on"] and start["compile"]["block"] == "BertLayer" and start["compile"]["buckets"][-1] == 64
+    assert start["compile"]["on"] and start["compile"]["block"] == "BertLayer" and start["compile"]["multiple"] == 8
     texts = [e["text"] for e in _events(tmp_path / "compiled") if e["kind"] == "message"]
     assert any("Compiled 2 BertLayer blocks" in t and "first step took" in t for t in texts), texts
     assert load_file(eager.model_dir / "model.safetensors").keys() == \

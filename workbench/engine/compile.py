@@ -15,16 +15,21 @@ the run is the eager reference every test compares against.
   ``compile_regions`` is not used (it returns such wrappers); its in-place
   ``compile_regions_fsdp2`` also compiles every leaf outside the blocks (embeddings, the
   head), which buys nothing and compiles more. Its ``is_repeated_blocks`` finds the blocks.
-- **Bucketed lengths.** Each batch is padded up to the next of a few lengths, 8, 16, 24, 32,
-  48, 64, 96, 128, ... (each at most 1.5x the one before) and ``max_length`` (``Bucketed``: the
-  task's own collator pads, to the bucket instead of its longest row), so a run meets a few
-  shapes, not one per batch, and a batch carries at most ~1/3 more padding than its longest
-  row needs. A single multiple of 64 was tried first: short rows (SST-2's are ~10-25 tokens)
-  then ran 3-6x their length, which made a compiled bert stand-in slower than eager
-  (benchmarks/step_overhead.py). CUDA graphs record one graph per shape, so they need the few;
-  in default mode dynamo makes the length symbolic after its second shape. The recompile
-  limit is raised to cover the buckets (training and evaluation are separate graphs: grad
-  mode and dropout).
+- **Lengths.** Under CUDA graphs (``reduce-overhead``) each batch is padded up to the next
+  of a few lengths, 8, 16, 24, 32, 48, 64, 96, 128, ... (each at most 1.5x the one before) and
+  ``max_length`` (``Bucketed``: the task's own collator pads, to the bucket instead of its
+  longest row): a graph is recorded per shape, so shapes must be few, and a batch carries at
+  most ~1/3 more padding than its longest row needs. In the other modes dynamo makes the
+  length symbolic after its second one, so any length reuses the graph: batches are only
+  padded to a multiple of 8 (``Aligned``), which the kernels want (padded to its longest row,
+  a batch of 93 tokens made inductor compile again for 20 s; aligned, none did). Buckets there
+  padded the LoRA stand-in's 70-104-token chats to 96 and 128: 8% fewer steps/s than a
+  multiple of 8 (benchmarks/step_overhead.py). A single multiple of 64, tried first, ran
+  short rows (SST-2's are ~10-25 tokens) at 3-6x their length. The recompile limit is raised
+  to cover the shapes (training and evaluation are separate graphs: grad mode and dropout).
+  Under CUDA graphs each training step starts with ``torch.compiler.cudagraph_mark_step_begin``
+  (``Compiled.step_begins``), so that graphs recorded for the blocks may reuse the memory of
+  the last step's outputs once its backward has run, whatever the loop did between.
 - **Fallback.** Compile errors surface at the first forward pass that meets the block, not
   at ``module.compile()``. The model's outermost forward is wrapped: on a dynamo or
   inductor error the blocks are put back to eager, the reason is kept for a message, and
@@ -39,12 +44,15 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import copy
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 SMALLEST_BUCKET = 8  # tokens: tensor-core friendly; every bucket is a multiple of it (but max_length)
+ALIGNMENT = 8  # tokens: what lengths are padded to a multiple of when they need not be few
+CUDA_GRAPH_MODES = ("reduce-overhead",)  # the modes that record a CUDA graph per shape
 
 
 def wanted(setting, device_type: str) -> tuple[bool, str]:
@@ -62,7 +70,7 @@ def wanted(setting, device_type: str) -> tuple[bool, str]:
 
 def choose_mode(mode: str, device_type: str, bucketed: bool) -> str:
     """torch.compile's mode. ``auto``: CUDA graphs (``reduce-overhead``) on CUDA when batch
-    lengths are bucketed (a graph is recorded per shape, so shapes must be few), else ``default``."""
+    lengths can be bucketed (a graph is recorded per shape, so shapes must be few), else ``default``."""
     if mode != "auto":
         return mode
     return "reduce-overhead" if device_type == "cuda" and bucketed else "default"
@@ -81,6 +89,20 @@ def bucket_lengths(max_length: int) -> tuple[int, ...]:
 def bucket_for(longest: int, lengths: tuple[int, ...]) -> int:
     """The shortest bucket that holds a row of ``longest`` tokens (rows are cut at max_length)."""
     return lengths[min(bisect.bisect_left(lengths, longest), len(lengths) - 1)]
+
+
+class Aligned:
+    """The task's collator, padding each batch to a multiple of ``ALIGNMENT`` tokens (or more,
+    if the task's own collator pads to more). A class, not a closure: a DataLoader's workers get
+    it pickled."""
+
+    def __init__(self, collate):
+        self.multiple = max(ALIGNMENT, collate.pad_to_multiple_of or 0)
+        self.collate = copy.copy(collate)  # the task's own stays as it was: the eager reference
+        self.collate.pad_to_multiple_of = self.multiple
+
+    def __call__(self, features: list[dict]):
+        return self.collate(features)
 
 
 class Bucketed:
@@ -125,6 +147,7 @@ class Compiled:
     blocks: list = field(default_factory=list)
     block_name: str = ""
     buckets: tuple[int, ...] | None = None  # the lengths batches are padded up to; None: not bucketed
+    multiple: int | None = None  # or the multiple their lengths are padded to; None: as the task pads
     collate: object = None  # the collator to load batches with (bucketed, or the task's own)
     failure: str | None = None  # why it fell back to eager, once it did
     notes: list = field(default_factory=list)  # (text, level) for the run's messages
@@ -134,7 +157,12 @@ class Compiled:
         """The start event's ``compile`` field."""
         return {"on": self.on, "reason": self.reason, "mode": self.mode, "blocks": len(self.blocks),
                 "block": self.block_name,
-                "buckets": list(self.buckets) if self.buckets else None}
+                "buckets": list(self.buckets) if self.buckets else None, "multiple": self.multiple}
+
+    def step_begins(self) -> None:
+        """Called before each training step: under CUDA graphs, a new iteration of their memory."""
+        if self.on and self.mode in CUDA_GRAPH_MODES:
+            torch.compiler.cudagraph_mark_step_begin()
 
     def restore_eager(self, error: BaseException) -> None:
         for block in self.blocks:
@@ -195,7 +223,7 @@ def _guard_forward(model: torch.nn.Module, compiled: Compiled) -> None:
 
 
 def prepare(model: torch.nn.Module, collate, setting, mode: str, device_type: str, max_length: int) -> Compiled:
-    """Compile ``model``'s repeated blocks in place and bucket ``collate``'s lengths; or nothing.
+    """Compile ``model``'s repeated blocks in place and bucket or align ``collate``'s lengths; or nothing.
     Batches are loaded with the returned ``Compiled.collate``."""
     on, reason = wanted(setting, device_type)
     if not on:
@@ -205,13 +233,17 @@ def prepare(model: torch.nn.Module, collate, setting, mode: str, device_type: st
         return Compiled(on=False, reason=f"{type(model).__name__} has no repeated blocks to compile", collate=collate,
                         notes=[(f"compile: {type(model).__name__} has no list of repeated layers to compile; "
                                 "the run is eager.", "warn")])
-    buckets = None
-    if hasattr(collate, "pad_to_multiple_of"):  # the task's collator pads; flattened batches have none
+    bucketable = hasattr(collate, "pad_to_multiple_of")  # the task's collator pads; flattened batches have none
+    chosen = choose_mode(mode, device_type, bucketed=bucketable)
+    buckets = multiple = None
+    if bucketable and chosen in CUDA_GRAPH_MODES:
         collate = Bucketed(collate, max_length)
         buckets = collate.lengths
-    chosen = choose_mode(mode, device_type, bucketed=buckets is not None)
+    elif bucketable:
+        collate = Aligned(collate)
+        multiple = collate.multiple
     # Each bucket's length, for training and for evaluation, plus a margin before dynamo gives up
-    # (unbucketed batches: dynamo makes the length symbolic after its second one, so 8 is plenty).
+    # (otherwise dynamo makes the length symbolic after its second one, so 8 is plenty).
     shapes = len(buckets) if buckets else 8
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * shapes + 4)
     # Lower the backward with the forward, so a failing backward compile is caught by the forward's fallback.
@@ -219,6 +251,6 @@ def prepare(model: torch.nn.Module, collate, setting, mode: str, device_type: st
     for block in blocks:
         block.compile(mode=chosen)
     compiled = Compiled(on=True, reason=reason, mode=chosen, blocks=blocks, block_name=type(blocks[0]).__name__,
-                        buckets=buckets, collate=collate)
+                        buckets=buckets, multiple=multiple, collate=collate)
     _guard_forward(model, compiled)
     return compiled

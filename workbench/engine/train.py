@@ -261,6 +261,7 @@ def _optimizer_step(run: Run, batches: list[dict], step: int) -> torch.Tensor:
     however it is split. Returns the window's mean loss as a device tensor (no host sync).
     """
     acc, model, task = run.accelerator, run.model, run.task
+    run.compiled.step_begins()  # CUDA graphs: a new iteration (engine/compile.py)
     pieces = [piece for b in batches for piece in split_batch(task, b, run.state.micro_batch_size)]
     weights = [task.units(p) for p in pieces] if len(pieces) > 1 else None
     total = sum(weights) if weights else None
