@@ -37,6 +37,9 @@ def test_cap_and_training_rows_bound_it():
     assert choose_batch_size(tiny, 80 * GiB, cap=64).batch_size == 64
     assert choose_batch_size(tiny, 80 * GiB, rows=100).batch_size == 64  # the largest power of two <= 100
     assert "100 training rows" in choose_batch_size(tiny, 80 * GiB, rows=100).reason
+    # under DDP each of 4 processes loads a quarter of the rows: 25 each, so 16, not 64
+    shared = choose_batch_size(tiny, 80 * GiB, rows=100, devices=4)
+    assert shared.batch_size == 16 and "25 training rows per device, across 4 devices" in shared.reason
 
 
 def test_nothing_fits_gives_the_minimum_and_says_so():

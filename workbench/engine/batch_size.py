@@ -57,9 +57,10 @@ def _gib(n: int) -> str:
 
 
 def choose_batch_size(peak: Peak | None, free_bytes: int | None, *, target_share: float = TARGET_SHARE,
-                      minimum: int = 1, cap: int = MAX_BATCH_SIZE, rows: int | None = None) -> BatchChoice:
-    """The largest power of two in [minimum, min(cap, rows)] whose estimated peak fits
-    ``target_share`` of ``free_bytes``.
+                      minimum: int = 1, cap: int = MAX_BATCH_SIZE, rows: int | None = None,
+                      devices: int = 1) -> BatchChoice:
+    """The largest power of two in [minimum, min(cap, rows per device)] whose estimated peak fits
+    ``target_share`` of ``free_bytes``. ``rows``: the training rows, shared by ``devices`` processes.
 
     Powers of two, not the largest batch that fits: the estimate is good to 5-20 %, so a finer
     step would claim a precision it does not have; the out-of-memory fallback halves, so a power
@@ -73,6 +74,9 @@ def choose_batch_size(peak: Peak | None, free_bytes: int | None, *, target_share
                            free_bytes=free_bytes, target_share=target_share,
                            source="cpu" if free_bytes is None else "no-estimate")
     budget = int(target_share * free_bytes)
+    per_device = ""
+    if rows and devices > 1:  # each process sees its share of the rows: a larger batch would be the same rows
+        rows, per_device = -(-rows // devices), f" per device, across {devices} devices"
     upper = max(minimum, min(cap, rows) if rows else cap)
     size, chosen = minimum, None
     while size <= upper:
@@ -89,7 +93,7 @@ def choose_batch_size(peak: Peak | None, free_bytes: int | None, *, target_share
     need = peak(chosen)
     limit = ""
     if chosen * 2 > upper:
-        limit = (f" (capped at the {rows} training rows)" if rows and rows < cap and chosen * 2 > rows
+        limit = (f" (capped at the {rows} training rows{per_device})" if rows and rows < cap and chosen * 2 > rows
                  else f" (capped at {cap})")
     else:
         limit = f"; {chosen * 2} would need {_gib(peak(chosen * 2))}"
@@ -174,7 +178,8 @@ def resolve_batch_size(config, model_name: str | None, *, precision: str, rows: 
     (config, None) for any other value.
 
     ``checkpoint_record``: the run record of the checkpoint this run resumes: its batch size is
-    kept. ``precision``: the one that runs. ``rows``: training rows (the choice never exceeds them).
+    kept. ``precision``: the one that runs. ``rows``: training rows (the choice never exceeds their share
+    per device: ``WORLD_SIZE`` processes split them).
     """
     if config.batch_size != "auto":
         return config, None
@@ -195,7 +200,7 @@ def resolve_batch_size(config, model_name: str | None, *, precision: str, rows: 
                          preference_loss=config.preference_loss,
                          # "auto" may compute the train pairs' reference per step: priced as the copy kept
                          precompute_reference=config.precompute_reference is True) if model_name else None
-    choice = choose_batch_size(peak, free, rows=rows)
+    choice = choose_batch_size(peak, free, rows=rows, devices=int(os.environ.get("WORLD_SIZE", "1")))
     choice = replace(choice, reason=choice.reason.rstrip(".") + _effective(config, choice.batch_size) + ".")
     return replace(config, batch_size=choice.batch_size), choice
 
