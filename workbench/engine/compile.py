@@ -28,8 +28,9 @@ the run is the eager reference every test compares against.
   short rows (SST-2's are ~10-25 tokens) at 3-6x their length. The recompile limit is raised
   to cover the shapes (training and evaluation are separate graphs: grad mode and dropout).
   Under CUDA graphs each training step starts with ``torch.compiler.cudagraph_mark_step_begin``
-  (``Compiled.step_begins``), so that graphs recorded for the blocks may reuse the memory of
-  the last step's outputs once its backward has run, whatever the loop did between.
+  (``Compiled.step_begins``): the memory of a step's graph outputs is reused by the next step,
+  and torch otherwise guesses where a step begins (at any compiled call with no backward
+  pending); the loop knows.
 - **Fallback.** Compile errors surface at the first forward pass that meets the block, not
   at ``module.compile()``. The model's outermost forward is wrapped: on a dynamo or
   inductor error the blocks are put back to eager, the reason is kept for a message, and
@@ -148,7 +149,7 @@ class Compiled:
     block_name: str = ""
     buckets: tuple[int, ...] | None = None  # the lengths batches are padded up to; None: not bucketed
     multiple: int | None = None  # or the multiple their lengths are padded to; None: as the task pads
-    collate: object = None  # the collator to load batches with (bucketed, or the task's own)
+    collate: object = None  # the collator to load batches with (bucketed, aligned, or the task's own)
     failure: str | None = None  # why it fell back to eager, once it did
     notes: list = field(default_factory=list)  # (text, level) for the run's messages
     first_step_s: float | None = None
