@@ -9,7 +9,7 @@ What only the loop uses sits beside it, one job a module:
     precision.py    fp32 / fp16 / bf16: what the device supports, what "auto" picks, and why
     cpu_bf16.py     what bf16 on a CPU needs beyond autocast: attention computed in fp32
     optim.py        AdamW and transformers' learning-rate schedules
-    compile.py      compile=True/"auto": the repeated blocks compiled in place, bucketed lengths, eager fallback
+    compile.py      compile=True/"auto": the repeated blocks compiled in place, aligned or bucketed lengths, eager fallback
     batch_size.py   batch_size="auto": the micro-batch whose estimated peak fills 85% of free GPU memory; 16 on CPU
     memory.py       out-of-memory: recognise it, free memory, halve the micro-batch
     divergence.py   a run whose loss went far above its start stops before anything diverged is saved
