@@ -276,7 +276,7 @@ def _optimizer_step(run: Run, batches: list[dict], step: int) -> torch.Tensor:
             acc.backward(loss)
         step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
     if run.config.max_grad_norm is not None:
-        acc.clip_grad_norm_(model.parameters(), run.config.max_grad_norm)
+        acc.clip_grad_norm_(run.parameters, run.config.max_grad_norm)
     run.optimizer.step()  # with fp16, Accelerate's GradScaler skips the step on inf/NaN gradients
     if acc.scaler is not None and acc.optimizer_step_was_skipped:
         run.state.skipped_steps += 1
