@@ -1,6 +1,8 @@
 """What a classification dataset's columns must be: the checks on columns, texts, labels
 and splits, and the column facts the dataset picker shows beside them.
 
+- :func:`require_dataset_dict` and :func:`split_with_rows`: the data is a DatasetDict whose
+  train and validation splits have rows (every task's first checks).
 - :func:`check_split` (``check_columns``, ``check_texts``, ``check_labels``): a split is
   present, has rows, the chosen columns, text to read in every text cell and usable labels;
   each failure is a :class:`~workbench.errors.DataError` that names the column, the rows and
@@ -154,16 +156,34 @@ def check_columns(ds: Dataset, text_columns: Sequence[str], label_column: str,
     check_texts(ds, text_columns, split)
 
 
+SPLITS = ("train", "validation")  # what every task trains and evaluates on
+SPLITS_HINT = "pass a DatasetDict with 'train' and 'validation' splits."
+
+
+def require_dataset_dict(splits) -> None:
+    """``splits`` is a mapping of split names (a DatasetDict); else a DataError saying what to pass."""
+    if not hasattr(splits, "keys"):
+        raise DataError(f"data must be a DatasetDict with 'train' and 'validation' splits, "
+                        f"not {type(splits).__name__}.",
+                        "pass a DatasetDict, a DatasetChoice, or a path to local files.")
+
+
+def split_with_rows(ds: Dataset | None, split: str, hint: str = SPLITS_HINT) -> Dataset:
+    """``ds``, the split named ``split``, present and with rows; else a DataError. ``hint``: how
+    to pass the split, in the task's words (its files, what the split is for)."""
+    if ds is None:
+        raise DataError(f"The dataset has no '{split}' split.", hint)
+    if len(ds) == 0:  # before any column check: the columns of an empty split have no types
+        raise DataError(f"The {split} split is empty (0 rows).",
+                        "check the file or split name, or the max_*_rows caps.")
+    return ds
+
+
 def check_split(ds: Dataset | None, split: str, text_columns: Sequence[str], label_column: str, *,
                 min_classes: int = 2) -> list[Any]:
     """Everything a split of classification data must be: present, with rows, the columns,
     texts to read and usable labels (``check_columns`` and ``check_labels``); its classes."""
-    if ds is None:
-        raise DataError(f"The dataset has no '{split}' split.",
-                        "pass a DatasetDict with 'train' and 'validation' splits.")
-    if len(ds) == 0:  # first: the columns of an empty split have no types to check
-        raise DataError(f"The {split} split is empty (0 rows).",
-                        "check the file or split name, or the max_*_rows caps.")
+    ds = split_with_rows(ds, split)
     check_columns(ds, text_columns, label_column, split)
     return check_labels(ds, label_column, split, min_classes=min_classes)
 

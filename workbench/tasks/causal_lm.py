@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import ConfigError, DataError
+from workbench.sources.data_checks import SPLITS, require_dataset_dict, split_with_rows
 from workbench.sources.data_files import ROW_COLUMN, RowLocator
 from workbench.tasks import causal_lm_loss as loss_choice
 from workbench.tasks import causal_lm_packing as packing
@@ -140,18 +141,9 @@ class CausalLMTask:
         made or any model downloaded."""
         if self.settings.finetune == "qlora":
             lora.require_qlora_support()
-        if not hasattr(splits, "keys"):
-            raise DataError(f"data must be a DatasetDict with 'train' and 'validation' splits, "
-                            f"not {type(splits).__name__}.",
-                            "pass a DatasetDict, a DatasetChoice, or a path to local files.")
-        for split in ("train", "validation"):
-            ds = splits.get(split)
-            if ds is None:
-                raise DataError(f"The dataset has no '{split}' split.",
-                                "pass a DatasetDict with 'train' and 'validation' splits.")
-            if len(ds) == 0:
-                raise DataError(f"The {split} split is empty (0 rows).",
-                                "check the file or split name, or the max_*_rows caps.")
+        require_dataset_dict(splits)
+        for split in SPLITS:
+            ds = split_with_rows(splits.get(split), split)
             columns = [c for c in ds.column_names if c != ROW_COLUMN]  # not the file-row index we added
             fmt = detect_format(columns, self.settings)
             if self.format is not None and fmt != self.format:

@@ -16,9 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from workbench.config import ModelChoice, TrainConfig
-from workbench.errors import DataError
 from workbench.sources import model_checks
-from workbench.sources.data_checks import check_split
+from workbench.sources.data_checks import check_split, require_dataset_dict
 from workbench.tasks import classification_data
 from workbench.tasks.base import (
     FullWeights,
@@ -42,10 +41,7 @@ class ClassificationTask(FullWeights):
 
     # -- data ---------------------------------------------------------------------
     def check_data(self, splits) -> None:
-        if not hasattr(splits, "keys"):
-            raise DataError(f"data must be a DatasetDict with 'train' and 'validation' splits, "
-                            f"not {type(splits).__name__}.",
-                            "pass a DatasetDict, a DatasetChoice, or a path to local files.")
+        require_dataset_dict(splits)
         for split, min_classes in (("train", 2), ("validation", 1)):  # a small eval split may hold one class
             check_split(splits.get(split), split, self.text_columns, self.label_column, min_classes=min_classes)
         self._sample_texts = model_checks.sample_texts(splits["train"], self.text_columns)

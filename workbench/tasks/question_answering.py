@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from workbench.config import ModelChoice, TrainConfig, window_stride
 from workbench.errors import ConfigError, DataError
+from workbench.sources.data_checks import SPLITS, require_dataset_dict, split_with_rows
 from workbench.sources.data_files import ROW_COLUMN, RowLocator
 from workbench.tasks import qa_pipeline
 from workbench.tasks import question_answering_data as data
@@ -42,7 +43,6 @@ from workbench.tasks.base import (
 from workbench.tasks.metrics import squad_metrics, squad_scores
 from workbench.tasks.token_classification import load_fast_tokenizer
 
-SPLITS = ("train", "validation")
 PIPELINE_FILE = "qa_pipeline.py"  # beside the saved model: the pipeline that reads it (qa_pipeline.py)
 
 
@@ -75,20 +75,12 @@ class QuestionAnsweringTask(FullWeights):
 
     # -- data ---------------------------------------------------------------------
     def check_data(self, splits) -> None:
-        if not hasattr(splits, "keys"):
-            raise DataError(f"data must be a DatasetDict with 'train' and 'validation' splits, "
-                            f"not {type(splits).__name__}.",
-                            "pass a DatasetDict, a DatasetChoice, or a path to local files.")
+        require_dataset_dict(splits)
         question, context, answers = self.columns
         for split in SPLITS:
-            ds = splits.get(split)
-            if ds is None:
-                raise DataError(f"The dataset has no '{split}' split.",
-                                "pass a DatasetDict with 'train' and 'validation' splits, or a folder with "
-                                "train.json and validation.json (SQuAD files: train-v1.1.json, dev-v1.1.json).")
-            if len(ds) == 0:
-                raise DataError(f"The {split} split is empty (0 rows).",
-                                "check the file or split name, or the max_*_rows caps.")
+            ds = split_with_rows(splits.get(split), split,
+                                 "pass a DatasetDict with 'train' and 'validation' splits, or a folder with "
+                                 "train.json and validation.json (SQuAD files: train-v1.1.json, dev-v1.1.json).")
             missing = [c for c in self.columns if c not in ds.column_names]
             if missing:
                 shown = ", ".join(c for c in ds.column_names if c != ROW_COLUMN)

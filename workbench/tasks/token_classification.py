@@ -23,7 +23,12 @@ import torch.nn.functional as F
 from workbench.config import ModelChoice, TrainConfig
 from workbench.errors import DataError, ModelError
 from workbench.sources import model_checks
-from workbench.sources.data_checks import find_token_columns
+from workbench.sources.data_checks import (
+    SPLITS,
+    find_token_columns,
+    require_dataset_dict,
+    split_with_rows,
+)
 from workbench.sources.data_files import ROW_COLUMN, RowLocator
 from workbench.tasks import token_classification_data as data
 from workbench.tasks.base import (
@@ -35,8 +40,6 @@ from workbench.tasks.base import (
 )
 from workbench.tasks.classification_data import LABELS_FILE
 from workbench.tasks.metrics import entity_metrics
-
-SPLITS = ("train", "validation")
 
 
 def load_fast_tokenizer(choice: ModelChoice, task: str):
@@ -78,20 +81,12 @@ class TokenClassificationTask(FullWeights):
 
     # -- data ---------------------------------------------------------------------
     def check_data(self, splits) -> None:
-        if not hasattr(splits, "keys"):
-            raise DataError(f"data must be a DatasetDict with 'train' and 'validation' splits, "
-                            f"not {type(splits).__name__}.",
-                            "pass a DatasetDict, a DatasetChoice, or a path to local files.")
+        require_dataset_dict(splits)
         s = self.settings
         for split in SPLITS:
-            ds = splits.get(split)
-            if ds is None:
-                raise DataError(f"The dataset has no '{split}' split.",
-                                "pass a DatasetDict with 'train' and 'validation' splits, or a folder with "
-                                "train.* and validation.* files.")
-            if len(ds) == 0:
-                raise DataError(f"The {split} split is empty (0 rows).", "check the file or split name, or the "
-                                "max_*_rows caps.")
+            ds = split_with_rows(splits.get(split), split,
+                                 "pass a DatasetDict with 'train' and 'validation' splits, or a folder with "
+                                 "train.* and validation.* files.")
             found = find_token_columns(ds, s.tokens_column, s.tags_column)
             if found is None:
                 shown = ", ".join(c for c in ds.column_names if c != ROW_COLUMN)
