@@ -42,13 +42,13 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 from offline import go_offline  # benchmarks/offline.py, beside this script
+from variants import report, run_child  # benchmarks/variants.py
 
 go_offline()
 import torch  # noqa: E402
@@ -222,7 +222,7 @@ def child(args) -> int:
                   peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   real_tokens_per_s=result["real_tokens"] / result["seconds"],
                   padding=1 - result["real_tokens"] / max(result["batch_tokens"], 1))
-    print("RESULT " + json.dumps(result), flush=True)
+    report(result)
     return 0
 
 
@@ -275,12 +275,10 @@ def main(argv=None) -> int:
                    "--eval-rows", str(args.eval_rows), "--steps", str(args.steps),
                    "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
                    "--lr", str(args.lr), "--seed", str(args.seed), "--workdir", args.workdir]
-        done = subprocess.run(command, capture_output=True, text=True)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if done.returncode or not lines:
-            print(f"variant {variant} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+        result = run_child(command, f"variant {variant}")
+        if result is None:
             return 1
-        results.append(json.loads(lines[-1][len("RESULT "):]))
+        results.append(result)
         print(f"({variant}) {VARIANTS[variant]}: {results[-1]['real_tokens_per_s']:.1f} real tokens/s", flush=True)
     print_table(results)
     if not args.no_save:

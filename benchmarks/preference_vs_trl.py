@@ -41,13 +41,13 @@ import os
 import platform
 import resource
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from llm_lora import TARGETS, RssSampler, model_dir  # benchmarks/llm_lora.py, beside this script
 from offline import go_offline
+from variants import report, run_child
 
 go_offline()
 import torch  # noqa: E402
@@ -173,7 +173,7 @@ def child(args) -> int:
     seconds = result["loop_seconds"] + result["reference_seconds"]
     result.update(variant=variant, name=VARIANTS[variant], seconds=seconds, steps_per_s=args.steps / seconds,
                   peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    print("RESULT " + json.dumps(result), flush=True)
+    report(result)
     return 0
 
 
@@ -227,12 +227,10 @@ def main(argv=None) -> int:
                    "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
                    "--lr", str(args.lr), "--beta", str(args.beta), "--seed", str(args.seed),
                    "--workdir", args.workdir]
-        done = subprocess.run(command, capture_output=True, text=True)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if done.returncode or not lines:
-            print(f"variant {variant} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}", file=sys.stderr)
+        result = run_child(command, f"variant {variant}")
+        if result is None:
             return 1
-        results.append(json.loads(lines[-1][len("RESULT "):]))
+        results.append(result)
         print(f"({variant}) {VARIANTS[variant]}: {results[-1]['steps_per_s']:.3f} steps/s, reward accuracy "
               f"{results[-1]['reward_accuracy']:.3f}", flush=True)
     print_table(results)

@@ -47,12 +47,12 @@ import collections
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from offline import go_offline  # benchmarks/offline.py, beside this script
+from variants import report, run_child  # benchmarks/variants.py
 
 go_offline()
 import torch  # noqa: E402
@@ -152,6 +152,7 @@ class StepMeter:
         self.warmup, self.steps, self.profile_steps = warmup, steps, profile_steps
         self.count, self.marks, self.ops, self.every, self.by_name = 0, {}, [], [], collections.Counter()
         self.arithmetic, self.timed = [], []  # ms per profiled step; (tokens, ms) per timed step
+        self.profiled = []  # wall ms of each profiled step, the profiler's own cost included
 
     @property
     def total(self) -> int:
@@ -171,8 +172,10 @@ class StepMeter:
             result = step_fn()
             self.timed.append((tokens, 1000 * (time.perf_counter() - start)))
             return result
+        start = time.perf_counter()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
             result = step_fn()
+        self.profiled.append(1000 * (time.perf_counter() - start))
         every, outermost, names = count_ops(profile)
         self.arithmetic.append(arithmetic_ms(profile))
         self.ops.append(outermost)
@@ -185,6 +188,7 @@ class StepMeter:
         steps_per_s = self.steps / (self.marks["end"] - self.marks["start"])
         arithmetic = sum(self.arithmetic) / n
         return {"steps_per_s": steps_per_s, "step_ms": 1000 / steps_per_s, "arithmetic_ms": arithmetic,
+                "profiled_step_ms": sum(self.profiled) / n,
                 "rest_ms": 1000 / steps_per_s - arithmetic, **fixed_and_per_token(self.timed),
                 "host_ops_per_step": sum(self.ops) / n, "aten_calls_per_step": sum(self.every) / n,
                 "top_ops": {k: round(v / n, 1) for k, v in self.by_name.most_common(12)}}
@@ -301,7 +305,7 @@ def child(args) -> int:
     meter = StepMeter(args.warmup, args.steps, args.profile_steps)
     extra = run_hand_loop(args, path, meter) if args.variant == "c" else run_workbench(args, path, meter)
     result = {"task": args.task, "variant": args.variant, "name": VARIANTS[args.variant], **meter.summary(), **extra}
-    print("RESULT " + json.dumps(result), flush=True)
+    report(result)
     return 0
 
 
@@ -357,12 +361,10 @@ def main(argv=None) -> int:
             command = [sys.executable, __file__, "--task", task, "--variant", variant, "--rows", str(args.rows),
                        "--warmup", str(args.warmup), "--steps", str(args.steps), "--profile-steps",
                        str(args.profile_steps), "--threads", str(args.threads), "--workdir", args.workdir]
-            done = subprocess.run(command, capture_output=True, text=True)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-            if done.returncode or not lines:
-                print(f"{task} ({variant}) failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+            result = run_child(command, f"{task} ({variant})")
+            if result is None:
                 return 1
-            results.append(json.loads(lines[-1][len("RESULT "):]))
+            results.append(result)
             r = results[-1]
             print(f"{task} ({variant}) {r['name']}: {r['host_ops_per_step']:.0f} host ops/step, "
                   f"{r['steps_per_s']:.2f} steps/s", flush=True)
