@@ -23,6 +23,7 @@ What only the loop uses sits beside it, one job a module:
     events.py       events.jsonl, the run's log that every view reads
     progress.py     headless views of the events: run history, console lines, the chart
     watcher.py      ``watch``: follow a run's events.jsonl from another process
+    run_folder.py   ``read_run``: one run folder as a record (status, verdict, metrics, settings)
     runs.py         ``runs``: every run under a folder as a table (``workbench runs DIR``)
     benchmarks.py   the benchmark scores ``workbench.evaluate`` saved in a run folder, read back
     safe_read.py    reading run folders someone else made: regular files only, bounded

@@ -38,7 +38,7 @@ from typing import Any
 
 from workbench.engine.benchmarks import column_name, evaluation_results, latest_scores, score_rows
 from workbench.engine.events import read_events
-from workbench.engine.runs import RUN_RECORD, read_run
+from workbench.engine.run_folder import RUN_RECORD, read_run
 from workbench.sources.paths import looks_like_local_path
 
 CARD_FILE = "README.md"

@@ -74,7 +74,7 @@ class ExportResult:
 def _status_problem(run_dir: Path, folder_name: str) -> str | None:
     """Why a run's model may not be exported (None: it may): not finished, failed or diverged."""
     from workbench.engine.events import read_events
-    from workbench.engine.runs import read_run
+    from workbench.engine.run_folder import read_run
 
     run = read_run(run_dir)
     if run.status == "completed" or (folder_name == "best" and run.status == "interrupted"):

@@ -335,7 +335,7 @@ def _error(returncode: int, result_path: Path) -> str | None:
 def _wait_until_free(folder: Path, patience_s: float = 20.0) -> None:
     """A run killed with its sweep releases its folder a moment later (its kernel notices its
     parent is gone within a second or two): wait for that rather than fail with "in use"."""
-    from workbench.engine.runs import read_run
+    from workbench.engine.run_folder import read_run
 
     deadline = time.monotonic() + patience_s
     while read_run(folder).status == "running" and time.monotonic() < deadline:

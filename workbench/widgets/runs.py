@@ -20,7 +20,8 @@ from pathlib import Path
 import ipywidgets as widgets
 
 from workbench.engine.progress import render_runs_png
-from workbench.engine.runs import RunsTable, format_cell, read_run, runs
+from workbench.engine.run_folder import read_run
+from workbench.engine.runs import RunsTable, format_cell, runs
 
 # Columns of the on-screen table, before the metrics and the differing settings.
 _SHOWN = ("name", "status", "verdict", "task", "model", "precision", "step", "best_metric", "best_value", "best_step",
