@@ -106,7 +106,8 @@ def test_eval_outputs_are_per_example_and_equal_packed_or_padded(tokenizer, lora
     for a, b in zip(padded, packed, strict=True):
         assert a.shape == b.shape == (len(rows),)
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-5)
-    assert tasks["packed"].metrics([packed]) == pytest.approx(tasks["padded"].metrics([padded]), abs=1e-6)
+    # relative: the perplexity of random weights is ~5e4, where float rounding alone moves it by ~0.01
+    assert tasks["packed"].metrics([packed]) == pytest.approx(tasks["padded"].metrics([padded]), rel=1e-5)
 
 
 def test_micro_batches_of_a_packed_batch_weigh_like_the_whole(tokenizer, lora_model):
