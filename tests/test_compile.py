@@ -8,6 +8,7 @@ the same block fast, so the resume test's later processes pay little.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import signal
@@ -34,6 +35,13 @@ def test_cuda_graphs_only_on_cuda_with_bucketed_lengths():
     assert compiling.choose_mode("auto", "cuda", bucketed=False) == "default"  # flattened batches: any length
     assert compiling.choose_mode("auto", "cpu", bucketed=True) == "default"
     assert compiling.choose_mode("reduce-overhead", "cpu", bucketed=True) == "reduce-overhead"  # as asked
+
+
+def test_on_a_cpu_the_default_mode_draws_random_numbers_with_atens_generator():
+    assert compiling.compile_arguments("default", "cpu") == {"options": {"fallback_random": True}}
+    assert compiling.compile_arguments("default", "cuda") == {"mode": "default"}  # inductor's fused dropout
+    assert compiling.compile_arguments("reduce-overhead", "cuda") == {"mode": "reduce-overhead"}
+    assert compiling.compile_arguments("max-autotune-no-cudagraphs", "cpu") == {"mode": "max-autotune-no-cudagraphs"}
 
 
 def test_buckets_grow_by_at_most_half_and_end_at_max_length():
@@ -97,6 +105,31 @@ def test_blocks_compile_in_place_and_the_state_dict_keeps_its_keys(tiny_bert):
     assert isinstance(compiled.collate, compiling.Aligned) and compiled.multiple == 8  # default mode on a CPU
     assert compiled.buckets is None and collate.pad_to_multiple_of is None
     assert list(model.state_dict()) == keys  # no _orig_mod.: checkpoints and resume match eager runs
+
+
+def test_compiled_blocks_on_a_cpu_drop_what_the_eager_blocks_drop(tiny_bert):
+    """With aten's generator (``fallback_random``) a compiled block's dropout draws the eager
+    block's masks from the same seed: the compiled run trains on what the eager one would.
+    Inductor's own random kernels draw others: every output differs, by up to ~0.05 here."""
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    eager = _tiny_classifier(tiny_bert)
+    eager.config.hidden_dropout_prob = eager.config.attention_probs_dropout_prob = 0.3
+    for module in eager.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.3
+    layer = next(m for m in eager.modules() if isinstance(m, BertLayer)).train()
+    compiled = copy.deepcopy(layer)
+    compiled.compile(**compiling.compile_arguments("default", "cpu"))
+    x = torch.randn(2, 8, layer.attention.self.query.in_features)
+    compiled(x)  # compiles; draws numbers too
+    outputs = []
+    for block in (layer, compiled):
+        torch.manual_seed(7)
+        out = block(x)
+        outputs.append(out[0] if isinstance(out, tuple) else out)
+    assert not torch.equal(outputs[0], x)
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
 
 
 def test_cuda_graphs_get_buckets_and_a_step_mark_the_other_modes_only_alignment(tiny_bert, monkeypatch):

@@ -36,6 +36,9 @@ the run is the eager reference every test compares against.
   inductor error the blocks are put back to eager, the reason is kept for a message, and
   the same forward runs again, eagerly. The backward graph is lowered with the forward
   (``force_non_lazy_backward_lowering``), so its errors surface there too.
+- **Random numbers on a CPU.** Inductor's C++ kernels set up a Philox generator for every
+  number they draw; there the blocks draw with aten's generator instead (``compile_arguments``):
+  faster, and the compiled blocks' dropout masks are the eager ones from the same seed.
 - **Generation** stays eager (``eager()``): token-by-token decoding with a growing KV cache
   meets a new shape and new cache objects at every token, which compiled blocks would
   recompile for and not win back on a few greedy answers.
@@ -121,6 +124,22 @@ class Bucketed:
                        if isinstance(v, (list, tuple)) or getattr(v, "ndim", 0) >= 1), default=1)
         self.collate.pad_to_multiple_of = bucket_for(longest, self.lengths)
         return self.collate(features)
+
+
+def compile_arguments(mode: str, device_type: str) -> dict:
+    """``torch.compile``'s arguments for ``mode`` on ``device_type``.
+
+    On a CPU, in the default mode, inductor is told to draw random numbers with aten's generator
+    (``fallback_random``) instead of its own kernels: those set up a Philox generator for every
+    number they draw (``normalized_rand_cpu``), and the compiled bert stand-in's dropouts cost
+    more than its eager ones (docs/benchmarks.md). Given as this compile's ``options``, not
+    torch's process-wide setting, so other compiled code is untouched (torch.compile takes a
+    mode or options, not both: options alone is the default mode). On CUDA inductor's fused
+    Philox dropout is the fast one and stays.
+    """
+    if device_type == "cpu" and mode == "default":
+        return {"options": {"fallback_random": True}}
+    return {"mode": mode}
 
 
 def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -250,7 +269,7 @@ def prepare(model: torch.nn.Module, collate, setting, mode: str, device_type: st
     # Lower the backward with the forward, so a failing backward compile is caught by the forward's fallback.
     torch._functorch.config.force_non_lazy_backward_lowering = True
     for block in blocks:
-        block.compile(mode=chosen)
+        block.compile(**compile_arguments(chosen, device_type))
     compiled = Compiled(on=True, reason=reason, mode=chosen, blocks=blocks, block_name=type(blocks[0]).__name__,
                         buckets=buckets, multiple=multiple, collate=collate)
     _guard_forward(model, compiled)
