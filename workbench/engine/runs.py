@@ -29,7 +29,7 @@ from typing import Any
 
 from workbench.engine.events import EVENTS_FILE
 from workbench.engine.progress import format_bytes, format_duration
-from workbench.engine.run_folder import (  # LOST_AFTER_S, RUN_RECORD: re-exported, see above
+from workbench.engine.run_folder import (  # LOST_AFTER_S, RUN_RECORD: re-exported (the docstring)
     CHECKPOINTS,
     LOST_AFTER_S,  # noqa: F401
     RUN_RECORD,  # noqa: F401
