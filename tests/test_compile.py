@@ -18,6 +18,7 @@ import torch
 
 from workbench.config import TrainConfig
 from workbench.engine import compile as compiling
+from workbench.engine import fuse_adapters
 from workbench.errors import ConfigError
 
 
@@ -35,13 +36,6 @@ def test_cuda_graphs_only_on_cuda_with_bucketed_lengths():
     assert compiling.choose_mode("auto", "cuda", bucketed=False) == "default"  # flattened batches: any length
     assert compiling.choose_mode("auto", "cpu", bucketed=True) == "default"
     assert compiling.choose_mode("reduce-overhead", "cpu", bucketed=True) == "reduce-overhead"  # as asked
-
-
-def test_on_a_cpu_the_default_mode_draws_random_numbers_with_atens_generator():
-    assert compiling.compile_arguments("default", "cpu") == {"options": {"fallback_random": True}}
-    assert compiling.compile_arguments("default", "cuda") == {"mode": "default"}  # inductor's fused dropout
-    assert compiling.compile_arguments("reduce-overhead", "cuda") == {"mode": "reduce-overhead"}
-    assert compiling.compile_arguments("max-autotune-no-cudagraphs", "cpu") == {"mode": "max-autotune-no-cudagraphs"}
 
 
 def test_buckets_grow_by_at_most_half_and_end_at_max_length():
@@ -93,6 +87,17 @@ def _tiny_classifier(tiny_bert):
 
 class _Collate:
     pad_to_multiple_of = None
+
+
+@pytest.mark.parametrize("mode, device, expected", [
+    ("default", "cpu", {"fallback_random": True}),
+    ("default", "cuda", {}),  # inductor's fused Philox dropout
+    ("reduce-overhead", "cuda", {"triton.cudagraphs": True}),
+    ("max-autotune-no-cudagraphs", "cpu", {"max_autotune": True, "coordinate_descent_tuning": True}),
+])
+def test_compile_arguments_are_the_modes_options_plus_atens_random_numbers_on_a_cpu_and_the_fusion(mode, device, expected):
+    assert compiling.compile_arguments(mode, device) == \
+        {"options": {**expected, "pre_grad_custom_pass": fuse_adapters.FUSE_SIBLING_ADAPTERS}}
 
 
 def test_blocks_compile_in_place_and_the_state_dict_keeps_its_keys(tiny_bert):

@@ -10,6 +10,7 @@ What only the loop uses sits beside it, one job a module:
     cpu_bf16.py     what bf16 on a CPU needs beyond autocast: attention computed in fp32
     optim.py        AdamW and transformers' learning-rate schedules
     compile.py      compile=True/"auto": the repeated blocks compiled in place, aligned or bucketed lengths, eager fallback
+    fuse_adapters.py  a pass on the compiled blocks' graphs: sibling LoRA adapters as one matrix product
     batch_size.py   batch_size="auto": the micro-batch whose estimated peak fills 85% of free GPU memory; 16 on CPU
     memory.py       out-of-memory: recognise it, free memory, halve the micro-batch
     divergence.py   a run whose loss went far above its start stops before anything diverged is saved

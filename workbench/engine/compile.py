@@ -127,19 +127,27 @@ class Bucketed:
 
 
 def compile_arguments(mode: str, device_type: str) -> dict:
-    """``torch.compile``'s arguments for ``mode`` on ``device_type``.
+    """``torch.compile``'s arguments for ``mode`` on ``device_type``: the mode's own inductor options
+    (torch.compile takes a mode or options, not both; a mode is a set of options) and two of ours.
 
-    On a CPU, in the default mode, inductor is told to draw random numbers with aten's generator
-    (``fallback_random``) instead of its own kernels: those set up a Philox generator for every
-    number they draw (``normalized_rand_cpu``), and the compiled bert stand-in's dropouts cost
-    more than its eager ones (docs/benchmarks.md). Given as this compile's ``options``, not
-    torch's process-wide setting, so other compiled code is untouched (torch.compile takes a
-    mode or options, not both: options alone is the default mode). On CUDA inductor's fused
-    Philox dropout is the fast one and stays.
+    - Sibling low-rank adapters are fused (``fuse_adapters``: q, k, v's LoRA products as one).
+    - On a CPU, in the default mode, inductor draws random numbers with aten's generator
+      (``fallback_random``) instead of its own kernels: those set up a Philox generator for every
+      number they draw (``normalized_rand_cpu``), and the compiled bert stand-in's dropouts cost
+      more than its eager ones (docs/benchmarks.md). On CUDA inductor's fused Philox dropout is the
+      fast one and stays.
+
+    Both are this compile's options, not torch's process-wide settings, so other compiled code is
+    untouched.
     """
+    from torch._inductor import list_mode_options
+
+    from .fuse_adapters import FUSE_SIBLING_ADAPTERS
+
+    options = {**list_mode_options(mode), "pre_grad_custom_pass": FUSE_SIBLING_ADAPTERS}
     if device_type == "cpu" and mode == "default":
-        return {"options": {"fallback_random": True}}
-    return {"mode": mode}
+        options["fallback_random"] = True
+    return {"options": options}
 
 
 def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
