@@ -35,7 +35,14 @@ padding, whose mask transformers drops, and for evaluation, so the warm-up cover
 The ratios (a)/(b) are the issue's goals: on the LoRA
 stand-in >= 2x steps/s and >= 3x fewer host ops, on bert >= 1.5x steps/s.
 
+Rounds (``--rounds N``): every variant runs N times, in an order rotated each round (ab, ba,
+ab, ...), and each round's ratios are taken within the round, between runs minutes apart. The
+same eager engine, unchanged, once ran 2.35 and once 4.32 steps/s in two runs of this script
+on one machine (another tenant, the CPU's clocks): a single run's ratio can be that drift. The
+table shows each variant's median round, and each round's (a)/(b) ratio beside their median.
+
     .venv/bin/python benchmarks/step_overhead.py                 # both tasks, ~10 min on 2 idle cores
+    .venv/bin/python benchmarks/step_overhead.py --tasks lora,bert --only ab --rounds 3   # ~20 min
     .venv/bin/python benchmarks/step_overhead.py --tasks lora --only ab
     .venv/bin/python benchmarks/step_overhead.py --quick         # smoke run: figures mean nothing
 """
@@ -309,7 +316,45 @@ def child(args) -> int:
     return 0
 
 
-def print_table(results: list[dict]) -> None:
+# ---------------------------------------------------------------------------- rounds
+def round_orders(variants: str, rounds: int) -> list[str]:
+    """Each round's order of ``variants``, rotated by one per round: no variant always runs first."""
+    return [variants[i % len(variants):] + variants[:i % len(variants)] for i in range(rounds)]
+
+
+PAIRS = (("a", "b"), ("b", "c"), ("a", "c"))
+
+
+def combine_rounds(runs: list[list[dict]]) -> tuple[list[dict], dict]:
+    """``runs``: each round's results. Returns (each task and variant's median round by steps/s, with
+    every round's steps/s as ``steps_per_s_rounds``; {task: {"a/b": steps/s ratio within each round}})."""
+    by_key = collections.defaultdict(list)
+    for round_results in runs:
+        for result in round_results:
+            by_key[(result["task"], result["variant"])].append(result)
+    combined = []
+    for results in by_key.values():  # in the order of the first round
+        ranked = sorted(results, key=lambda r: r["steps_per_s"])
+        median = ranked[(len(ranked) - 1) // 2]  # a measured round, not an average of rounds
+        combined.append({**median, "steps_per_s_rounds": [r["steps_per_s"] for r in results]})
+    ratios = collections.defaultdict(dict)
+    for task in dict.fromkeys(task for task, _ in by_key):
+        for x, y in PAIRS:
+            pairs = [(by_round[x], by_round[y]) for by_round in
+                     ({r["variant"]: r for r in round_results if r["task"] == task} for round_results in runs)
+                     if x in by_round and y in by_round]
+            if pairs:
+                ratios[task][f"{x}/{y}"] = [rx["steps_per_s"] / ry["steps_per_s"] for rx, ry in pairs]
+    return combined, dict(ratios)
+
+
+def _median(values: list[float]) -> float:
+    ranked = sorted(values)
+    middle = len(ranked) // 2
+    return ranked[middle] if len(ranked) % 2 else (ranked[middle - 1] + ranked[middle]) / 2
+
+
+def print_table(results: list[dict], ratios: dict | None = None) -> None:
     def num(value, width):
         return f"{value:>{width}.1f}" if value is not None else f"{'-':>{width}}"
 
@@ -321,7 +366,11 @@ def print_table(results: list[dict]) -> None:
               f"{num(r['ms_per_1k_tokens'], 10)}")
     for task in dict.fromkeys(r["task"] for r in results):
         by = {r["variant"]: r for r in results if r["task"] == task}
-        for x, y in (("a", "b"), ("b", "c"), ("a", "c")):
+        for x, y in PAIRS:
+            rounds = (ratios or {}).get(task, {}).get(f"{x}/{y}", [])
+            if len(rounds) > 1:
+                print(f"{task}: ({x})/({y}) steps/s within each round: "
+                      f"{', '.join(f'{r:.2f}x' for r in rounds)}; median {_median(rounds):.2f}x")
             if x in by and y in by:
                 print(f"{task}: ({x})/({y}) {by[x]['steps_per_s'] / by[y]['steps_per_s']:.2f}x steps/s, "
                       f"{by[y]['host_ops_per_step'] / max(by[x]['host_ops_per_step'], 1):.2f}x fewer host ops, "
@@ -345,35 +394,43 @@ def main(argv=None) -> int:
                         help="profiled steps after the timed ones: 8 is an epoch of the bert task, so its "
                              "arithmetic is measured over the same mix of lengths as its steps/s")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every variant this many times, in an order rotated each round; "
+                             "the table shows each variant's median round and each round's ratios")
     parser.add_argument("--quick", action="store_true", help="3 warm-up, 5 timed, 1 profiled step")
     parser.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/step_overhead.json")
     parser.add_argument("--task", help=argparse.SUPPRESS)  # internal: one task and variant in this process
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", default="/tmp/workbench-step-overhead", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: give 1 or more")
     if args.quick:
         args.warmup, args.steps, args.profile_steps = 3, 5, 1
     if args.variant:
         return child(args)
-    results = []
-    for task in args.tasks.split(","):
-        for variant in args.only:
-            command = [sys.executable, __file__, "--task", task, "--variant", variant, "--rows", str(args.rows),
-                       "--warmup", str(args.warmup), "--steps", str(args.steps), "--profile-steps",
-                       str(args.profile_steps), "--threads", str(args.threads), "--workdir", args.workdir]
-            result = run_child(command, f"{task} ({variant})")
-            if result is None:
-                return 1
-            results.append(result)
-            r = results[-1]
-            print(f"{task} ({variant}) {r['name']}: {r['host_ops_per_step']:.0f} host ops/step, "
-                  f"{r['steps_per_s']:.2f} steps/s", flush=True)
-    print_table(results)
+    runs = []
+    for number, order in enumerate(round_orders(args.only, args.rounds), start=1):
+        runs.append([])
+        for task in args.tasks.split(","):
+            for variant in order:
+                command = [sys.executable, __file__, "--task", task, "--variant", variant, "--rows", str(args.rows),
+                           "--warmup", str(args.warmup), "--steps", str(args.steps), "--profile-steps",
+                           str(args.profile_steps), "--threads", str(args.threads), "--workdir", args.workdir]
+                r = run_child(command, f"{task} ({variant})")
+                if r is None:
+                    return 1
+                runs[-1].append(r)
+                print(f"round {number}/{args.rounds}: {task} ({variant}) {r['name']}: "
+                      f"{r['host_ops_per_step']:.0f} host ops/step, {r['steps_per_s']:.2f} steps/s", flush=True)
+    results, ratios = combine_rounds(runs)
+    print_table(results, ratios)
     if not args.no_save and not args.quick:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         settings = {k: v for k, v in vars(args).items() if k not in ("task", "variant", "workdir", "no_save")}
         RESULTS.write_text(json.dumps({"settings": settings, "machine": platform.platform(), "cpus": os.cpu_count(),
-                                       "load_average": os.getloadavg(), "results": results}, indent=2) + "\n")
+                                       "load_average": os.getloadavg(), "results": results,
+                                       "ratios_by_round": ratios}, indent=2) + "\n")
     return 0
 
 

@@ -263,3 +263,31 @@ def test_kill_then_resume_with_compile_on_matches_the_uninterrupted_compiled_run
     resumed_after = int(checkpoint.latest_checkpoint(out).name.split("-")[1])
     _run(script, tiny_bert, out, env=env)
     _assert_same_as_reference(reference, out, resumed_after)
+
+
+def test_every_block_of_a_lora_model_runs_compiled_and_dynamo_traces_the_block_at_most_twice():
+    """One compile serves the blocks: twice under LoRA (the first block's input, from the frozen
+    embeddings, needs no gradient; the others' do), never once per block, which a KV cache in the
+    task's forward would cause (a guard per layer index) until the recompile limit left the rest eager."""
+    from test_fuse_adapters import _lora_llama
+
+    from workbench.tasks.causal_lm import supervised_logits
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = _lora_llama(layers=4)
+    compiled = compiling.prepare(model, lambda rows: rows, True, "default", "cpu", 64)
+    assert compiled.on and len(compiled.blocks) == 4
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+    def step():
+        logits, targets, _ = supervised_logits(model, batch)
+        torch.nn.functional.cross_entropy(logits, targets).backward()
+
+    step()  # compiles
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        step()
+    regions = [e for e in profile.events() if e.name.startswith("Torch-Compiled Region")]
+    assert len(regions) == 4, [e.name for e in regions]  # every block compiled, none left eager
+    assert 1 <= torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2

@@ -130,3 +130,35 @@ def test_compiled_lora_layers_run_17_fewer_products_each_and_the_eager_values():
     assert grads_compiled.keys() == grads_eager.keys() and len(grads_eager) == 2 * 7 * 2  # A and B, 7 per layer
     for name, grad in grads_eager.items():
         torch.testing.assert_close(grads_compiled[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_second_halves_called_in_another_order_than_their_parts_still_give_a_valid_graph():
+    """The fused B product goes before the first B in the graph, not before part 0's: a block that runs
+    its B's as v, k, q and uses v's output before q's B would otherwise read a node not yet defined."""
+
+    class Reversed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a_q, self.a_k, self.a_v = (nn.Linear(64, 16, bias=False) for _ in range(3))
+            self.b_q, self.b_k, self.b_v = (nn.Linear(16, 64, bias=False) for _ in range(3))
+
+        def forward(self, x):
+            h_q, h_k, h_v = self.a_q(x), self.a_k(x), self.a_v(x)
+            v = self.b_v(h_v).relu()  # used before b_k and b_q run
+            k = self.b_k(h_k) + v
+            return self.b_q(h_q) * k
+
+    torch.manual_seed(0)
+    eager = Reversed()
+    rewritten, fuse = copy.deepcopy(eager), FuseSiblingAdapters()
+
+    def backend(graph_module, example_inputs):
+        fuse(graph_module.graph)
+        graph_module.graph.lint()  # every node defined before its users
+        graph_module.recompile()
+        return graph_module.forward
+
+    x = torch.randn(2, 5, 64)
+    got = torch.compile(rewritten, backend=backend, fullgraph=True)(x)
+    assert fuse.fused == 4  # the three A's as one product, the three B's as one
+    torch.testing.assert_close(got, eager(x), rtol=1e-5, atol=1e-6)

@@ -80,3 +80,24 @@ def test_a_quick_run_of_the_eager_engine_reports_every_figure(tmp_path):
     assert host_ops > 500 and steps_per_s > 0 and arithmetic > 0
     assert rest == pytest.approx(step_ms - arithmetic, abs=0.2)
     assert "upper bound on CPU" in done.stdout
+
+
+def test_each_round_rotates_the_order_so_no_variant_always_runs_first():
+    assert bench.round_orders("ab", 3) == ["ab", "ba", "ab"]
+    assert bench.round_orders("abc", 4) == ["abc", "bca", "cab", "abc"]
+    assert bench.round_orders("b", 2) == ["b", "b"]
+
+
+def test_rounds_give_each_variant_its_median_round_and_ratios_taken_within_each_round():
+    def result(task, variant, steps_per_s):
+        return {"task": task, "variant": variant, "steps_per_s": steps_per_s, "host_ops_per_step": 100}
+
+    # The machine slowed in round 2: both variants' steps/s drop, their ratio in that round does not.
+    runs = [[result("lora", "a", 3.0), result("lora", "b", 2.0)],
+            [result("lora", "b", 1.0), result("lora", "a", 1.6)],
+            [result("lora", "a", 3.3), result("lora", "b", 2.2)]]
+    combined, ratios = bench.combine_rounds(runs)
+    assert [(r["variant"], r["steps_per_s"]) for r in combined] == [("a", 3.0), ("b", 2.0)]
+    assert combined[1]["steps_per_s_rounds"] == [2.0, 1.0, 2.2]
+    assert ratios["lora"]["a/b"] == pytest.approx([1.5, 1.6, 1.5])
+    assert set(ratios["lora"]) == {"a/b"}  # no (c) was run

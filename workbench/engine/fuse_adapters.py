@@ -69,7 +69,10 @@ def _set_example_value(node: torch.fx.Node) -> None:
 def _replace_with_parts(graph: torch.fx.Graph, nodes: list, fused_input, fused_weight_fn, weights) -> None:
     """Replace the ``linear`` ``nodes`` by one ``linear(fused_input, fused_weight_fn(weights))``, split back."""
     sections = [weight.meta["example_value"].shape[0] for weight in weights]
-    with graph.inserting_before(nodes[0]):
+    # Before the first of them in the graph's order, which need not be the parts' order (a block may
+    # run its B's as v, k, q): every user of any of them then comes after the fused product.
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    with graph.inserting_before(min(nodes, key=order.__getitem__)):
         fused_weight = fused_weight_fn(weights)
         fused = graph.call_function(torch._C._nn.linear, (fused_input, fused_weight))
         parts = graph.call_function(torch.split, (fused, sections), {"dim": -1})
