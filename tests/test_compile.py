@@ -291,3 +291,23 @@ def test_every_block_of_a_lora_model_runs_compiled_and_dynamo_traces_the_block_a
     regions = [e for e in profile.events() if e.name.startswith("Torch-Compiled Region")]
     assert len(regions) == 4, [e.name for e in regions]  # every block compiled, none left eager
     assert 1 <= torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+    assert not compiled.limit_hit and not any("recompile" in text for text, _ in compiled.notes)
+
+
+def test_blocks_past_dynamos_recompile_limit_give_the_run_a_warning_once():
+    """A KV cache in the forward gives each block a guard (its layer index): past the limit dynamo
+    runs the rest eagerly and only logs it; the run says so in its own messages, once."""
+    from test_fuse_adapters import _lora_llama
+
+    torch._dynamo.reset()
+    model = _lora_llama(layers=4)
+    compiled = compiling.prepare(model, lambda rows: rows, True, "default", "cpu", 64)
+    ids = torch.randint(0, 300, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch._dynamo.config.patch(recompile_limit=2), torch.no_grad():
+        for _ in range(2):
+            model(input_ids=ids, use_cache=True)
+    warnings = [text for text, level in compiled.notes if level == "warn"]
+    assert compiled.on and compiled.limit_hit and len(warnings) == 1, compiled.notes
+    assert "recompile_limit (2)" in warnings[0] and "LlamaDecoderLayer" in warnings[0]
+    assert "compile=False" in warnings[0]
+    torch._dynamo.reset()

@@ -11,8 +11,9 @@ the run is the eager reference every test compares against.
   twice under LoRA, since the first block's input comes from the frozen embeddings and needs
   no gradient, the others' do (tested). The tasks' forwards pass ``use_cache=False``: a KV
   cache would give every block a guard of its own (its layer index), and the blocks past
-  dynamo's recompile limit would quietly run eagerly (measured: 20 graphs, the limit, and
-  a log warning on 30 layers; 2 without the cache).
+  dynamo's recompile limit would run eagerly (measured: 20 graphs, the limit, on 30 layers;
+  2 without the cache). Dynamo only logs that; the run turns it into a warning of its own
+  (``_RecompileLimitWatch``), so slow steps come with their reason.
   Compiling the whole model instead costs minutes and its graph breaks on the sparse LM
   head (``logits_to_keep`` with a mask). In place, because ``torch.compile(module)`` returns
   an ``OptimizedModule`` whose state-dict keys gain ``_orig_mod.``: checkpoints, adapters and
@@ -54,7 +55,9 @@ from __future__ import annotations
 import bisect
 import contextlib
 import copy
+import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -185,6 +188,7 @@ class Compiled:
     failure: str | None = None  # why it fell back to eager, once it did
     notes: list = field(default_factory=list)  # (text, level) for the run's messages
     first_step_s: float | None = None
+    limit_hit: bool = False  # dynamo's recompile limit was hit (noted once)
 
     def describe(self) -> dict:
         """The start event's ``compile`` field."""
@@ -229,6 +233,41 @@ class Compiled:
                                f"step took {self.first_step_s:.1f} s, compiling included; later steps reuse it. "
                                "compile=False skips it.", "info"))
         return result
+
+
+class _RecompileLimitWatch(logging.Handler):
+    """Dynamo's "hit config.recompile_limit" warning, as a note of the run that is compiling.
+
+    Past the limit dynamo runs the frame eagerly and only logs it: the blocks after the limit
+    would train eagerly with nothing in the run's messages to say why its steps are slow.
+    Not ``fail_on_recompile_limit_hit``: that would throw away the blocks already compiled."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.watched = lambda: None  # a weak reference: a finished run's model is not kept alive by this
+
+    def watch(self, compiled: Compiled) -> None:
+        self.watched = weakref.ref(compiled)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        compiled = self.watched()
+        if compiled is None or not compiled.on or compiled.limit_hit or not str(record.msg).startswith(
+                "torch._dynamo hit config."):
+            return
+        try:
+            limit_type, limit, function, reason = record.args[:4]
+        except (TypeError, ValueError):
+            limit_type, limit, function, reason = "recompile_limit", "?", "?", record.getMessage()
+        compiled.limit_hit = True
+        compiled.notes.append((
+            f"compile: dynamo hit its {limit_type} ({limit}) on {function}, so what it meets past the limit "
+            f"runs eagerly: steps are slower than fully compiled ones. Each new graph came from a guard that "
+            f"differs between {compiled.block_name} blocks or batches (last: {str(reason)[:200]}); "
+            "TORCH_LOGS=recompiles lists them. compile=False skips compiling.", "warn"))
+
+
+_LIMIT_WATCH = _RecompileLimitWatch()
+logging.getLogger("torch._dynamo.convert_frame").addHandler(_LIMIT_WATCH)  # dynamo's logger for the warning
 
 
 def is_compile_error(exc: BaseException) -> bool:
@@ -286,4 +325,5 @@ def prepare(model: torch.nn.Module, collate, setting, mode: str, device_type: st
     compiled = Compiled(on=True, reason=reason, mode=chosen, blocks=blocks, block_name=type(blocks[0]).__name__,
                         buckets=buckets, multiple=multiple, collate=collate)
     _guard_forward(model, compiled)
+    _LIMIT_WATCH.watch(compiled)  # the run now compiling (one per process at a time)
     return compiled

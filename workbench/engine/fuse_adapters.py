@@ -14,6 +14,10 @@ a transformer's are 3-D), so this pass, run on the graph before autograd traces 
 - **their second halves**: ``linear(h_i, B_i)``, where each ``h_i`` is a part of such a split,
   -> one ``linear(h, block_diag(B_i))`` split into its parts. The zero blocks add exact zeros,
   and the gradient of ``block_diag`` is its diagonal blocks, so each ``B_i`` gets its own.
+  Those blocks are views into one matrix, and autograd copies a parameter's gradient that is
+  not laid out as the parameter (``AccumulateGrad``): 5 copies per LLaMA layer outside the
+  graph, each a host op (a kernel on a GPU). Each ``B_i`` goes through ``contiguous_gradient``
+  first, so the compiled backward writes them contiguous itself (2 fused kernels per layer).
 
 39 products instead of 56 per layer. Only trainable weights that are thin (one side at most
 half the other: an adapter's rank against its layer's width) are fused. The concatenated copies are what the backward keeps (a
@@ -58,6 +62,23 @@ def _adapter_weight(node: torch.fx.Node, thin_side: int):
     return value
 
 
+class _ContiguousGradient(torch.autograd.Function):
+    """The identity forward; backward, the gradient made contiguous (inside the compiled graph)."""
+
+    @staticmethod
+    def forward(ctx, weight):
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def contiguous_gradient(weight: torch.Tensor) -> torch.Tensor:
+    """``weight``, whose gradient arrives contiguous: as its parameter's, which autograd keeps without a copy."""
+    return _ContiguousGradient.apply(weight)
+
+
 def _set_example_value(node: torch.fx.Node) -> None:
     """``node``'s example value (a fake tensor) from its arguments', as dynamo gives every node; later passes read it."""
     args = torch.fx.node.map_arg(node.args, lambda arg: arg.meta.get("example_value"))
@@ -95,6 +116,15 @@ def _splits_last_dim(node) -> bool:
     value = _argument(node, 0, "tensor")
     value = value.meta.get("example_value") if isinstance(value, torch.fx.Node) else None
     return isinstance(value, torch.Tensor) and dim is not None and dim % value.dim() == value.dim() - 1
+
+
+def _block_diagonal(graph: torch.fx.Graph, weights: list) -> torch.fx.Node:
+    """``block_diag`` of ``weights``, each through ``contiguous_gradient`` (the module's docstring)."""
+    parts = []
+    for weight in weights:
+        parts.append(graph.call_function(contiguous_gradient, (weight,)))
+        _set_example_value(parts[-1])
+    return graph.call_function(torch.block_diag, tuple(parts))
 
 
 class FuseSiblingAdapters(CustomGraphPass):
@@ -135,8 +165,7 @@ class FuseSiblingAdapters(CustomGraphPass):
                 continue
             nodes = [by_part[index] for index in range(len(by_part))]
             weights = [_argument(node, 1, "weight") for node in nodes]
-            _replace_with_parts(graph, nodes, split.args[0],
-                                lambda ws: graph.call_function(torch.block_diag, tuple(ws)), weights)
+            _replace_with_parts(graph, nodes, split.args[0], lambda ws: _block_diagonal(graph, ws), weights)
             self.fused += len(nodes) - 1
 
     def uuid(self):
