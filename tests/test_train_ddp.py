@@ -39,6 +39,33 @@ sys.exit(main(sys.argv[1:]))
 '''
 
 
+def _torchrun_llm(tiny_llama_dir, tmp_path, rows, counts, launcher_text=HASHING_LAUNCHER, env=None, timeout=300,
+                  **train):
+    """``workbench train --config`` on 2 torchrun processes over ``rows(n, seed)`` written as the
+    train and validation files (``counts``); returns (the finished process, the run folder, the hashes' folder)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, n, seed in (("train", counts[0], 0), ("validation", counts[1], 1)):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(n, seed)))
+    out = tmp_path / "run"
+    spec = RunSpec(model=ModelChoice(str(tiny_llama_dir)), data=DatasetChoice(source="files", path=str(data)),
+                   train=TrainConfig(output_dir=str(out), learning_rate=3e-3, batch_size=4, log_every=1,
+                                     num_workers=0, lora_r=4, lora_alpha=8, max_length=160, **train))
+    config = spec.save(tmp_path / "run.yaml")
+    hashes = tmp_path / "hashes"
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(launcher_text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(launcher), "train", "--config", str(config), "--progress", "none"],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HASH_DIR": str(hashes), **(env or {})},
+        capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (hashes / "rank0.sha256").read_text() == (hashes / "rank1.sha256").read_text()
+    return proc, out, hashes
+
+
 def test_two_processes_stay_identical_and_only_rank0_writes(tiny_bert, tmp_path):
     data = tmp_path / "data"
     write_csv(data / "train.csv", 96, seed=0)
@@ -111,30 +138,8 @@ def test_two_processes_train_the_same_lora_adapter(tiny_llama_dir, tmp_path):
     accumulation, the adapters all-reduced (frozen base weights take no part)."""
     from workbench.sources.synthetic_llm import make_chat_rows
 
-    data = tmp_path / "chats"
-    data.mkdir()
-    for split, n, seed in (("train", 64, 0), ("validation", 16, 1)):
-        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_chat_rows(n, seed)))
-    out = tmp_path / "run"
-    spec = RunSpec(
-        model=ModelChoice(str(tiny_llama_dir)),
-        data=DatasetChoice(source="files", path=str(data)),
-        train=TrainConfig(task="causal_lm", output_dir=str(out), learning_rate=3e-3, batch_size=4, max_steps=4,
-                          log_every=1, num_workers=0, gradient_accumulation_steps=2, lora_r=4, lora_alpha=8,
-                          max_length=160),
-    )
-    config = spec.save(tmp_path / "run.yaml")
-    hashes = tmp_path / "hashes"
-    launcher = tmp_path / "launcher.py"
-    launcher.write_text(HASHING_LAUNCHER)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(launcher), "train", "--config", str(config), "--progress", "none"],
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HASH_DIR": str(hashes)},
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert (hashes / "rank0.sha256").read_text() == (hashes / "rank1.sha256").read_text()
+    _, out, _ = _torchrun_llm(tiny_llama_dir, tmp_path, make_chat_rows, (64, 16), task="causal_lm", max_steps=4,
+                              gradient_accumulation_steps=2)
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     start = next(e for e in events if e["kind"] == "start")
     assert start["world_size"] == 2 and start["config"]["task"] == "causal_lm"
@@ -151,30 +156,8 @@ def test_two_processes_tune_the_same_preference_adapter_from_a_config_file(tiny_
 
     from workbench.sources.synthetic_llm import make_preference_rows
 
-    data = tmp_path / "pairs"
-    data.mkdir()
-    for split, n, seed in (("train", 32, 0), ("validation", 16, 1)):
-        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_preference_rows(n, seed)))
-    out = tmp_path / "run"
-    spec = RunSpec(
-        model=ModelChoice(str(tiny_llama_dir)),
-        data=DatasetChoice(source="files", path=str(data)),
-        train=TrainConfig(task="preference", output_dir=str(out), learning_rate=3e-3, batch_size=4, max_steps=4,
-                          log_every=1, num_workers=0, lora_r=4, lora_alpha=8, max_length=160, beta=0.2,
-                          precision="fp32", precompute_reference=True),
-    )
-    config = spec.save(tmp_path / "run.yaml")
-    hashes = tmp_path / "hashes"
-    launcher = tmp_path / "launcher.py"
-    launcher.write_text(HASHING_LAUNCHER)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(launcher), "train", "--config", str(config), "--progress", "none"],
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HASH_DIR": str(hashes)},
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert (hashes / "rank0.sha256").read_text() == (hashes / "rank1.sha256").read_text()
+    _, out, _ = _torchrun_llm(tiny_llama_dir, tmp_path, make_preference_rows, (32, 16), task="preference",
+                              max_steps=4, beta=0.2, precision="fp32", precompute_reference=True)
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     start = next(e for e in events if e["kind"] == "start")
     assert start["world_size"] == 2 and start["config"]["task"] == "preference" and start["config"]["beta"] == 0.2
@@ -187,3 +170,31 @@ def test_two_processes_tune_the_same_preference_adapter_from_a_config_file(tiny_
     assert (out / "model" / "adapter_model.safetensors").is_file()
     record = json.loads((out / "run.json").read_text())
     assert record["preference"]["beta"] == 0.2
+
+
+@pytest.mark.slow
+def test_two_processes_with_compiled_blocks_and_fused_adapters_stay_identical(tiny_llama_dir, tmp_path):
+    """compile=True under torchrun, as compile="auto" is on every CUDA rank: the LoRA blocks compiled
+    with the sibling-adapter fusion (lora_dropout 0), DDP's all-reduce of their gradients (the fused
+    B's arrive as blocks of one matrix), and both ranks end with the same weights, compiled, not eager."""
+    from workbench.sources.synthetic_llm import make_chat_rows
+
+    # Each rank also writes how many products the fusion pass removed when it compiled the blocks.
+    launcher = HASHING_LAUNCHER.replace("sys.exit(main(sys.argv[1:]))", """
+from workbench.engine.fuse_adapters import FUSE_SIBLING_ADAPTERS
+status = main(sys.argv[1:])
+(hashes / f"rank{os.environ['RANK']}.fused").write_text(str(FUSE_SIBLING_ADAPTERS.fused))
+sys.exit(status)""")
+    # Inductor's caches off: a graph from the cache would skip the pass, and its count with it.
+    _, out, hashes = _torchrun_llm(
+        tiny_llama_dir, tmp_path, make_chat_rows, (32, 8), launcher_text=launcher, timeout=600,
+        env={"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"},
+        task="causal_lm", max_steps=3, lora_dropout=0.0, compile=True, precision="fp32")
+    assert all(int((hashes / f"rank{rank}.fused").read_text()) > 0 for rank in (0, 1))
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    start = next(e for e in events if e["kind"] == "start")
+    assert start["world_size"] == 2 and start["compile"]["on"] and start["compile"]["block"] == "LlamaDecoderLayer"
+    messages = [e["text"] for e in events if e["kind"] == "message"]
+    assert any(text.startswith("Compiled ") for text in messages), messages  # the first step's compile note
+    assert not any("failed" in text or "recompile" in text for text in messages), messages  # no fallback to eager
+    assert events[-1]["status"] == "completed" and [e["step"] for e in events if e["kind"] == "train"] == [1, 2, 3]
