@@ -54,6 +54,7 @@ import collections
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -348,12 +349,6 @@ def combine_rounds(runs: list[list[dict]]) -> tuple[list[dict], dict]:
     return combined, dict(ratios)
 
 
-def _median(values: list[float]) -> float:
-    ranked = sorted(values)
-    middle = len(ranked) // 2
-    return ranked[middle] if len(ranked) % 2 else (ranked[middle - 1] + ranked[middle]) / 2
-
-
 def print_table(results: list[dict], ratios: dict | None = None) -> None:
     def num(value, width):
         return f"{value:>{width}.1f}" if value is not None else f"{'-':>{width}}"
@@ -370,7 +365,7 @@ def print_table(results: list[dict], ratios: dict | None = None) -> None:
             rounds = (ratios or {}).get(task, {}).get(f"{x}/{y}", [])
             if len(rounds) > 1:
                 print(f"{task}: ({x})/({y}) steps/s within each round: "
-                      f"{', '.join(f'{r:.2f}x' for r in rounds)}; median {_median(rounds):.2f}x")
+                      f"{', '.join(f'{r:.2f}x' for r in rounds)}; median {statistics.median(rounds):.2f}x")
             if x in by and y in by:
                 print(f"{task}: ({x})/({y}) {by[x]['steps_per_s'] / by[y]['steps_per_s']:.2f}x steps/s, "
                       f"{by[y]['host_ops_per_step'] / max(by[x]['host_ops_per_step'], 1):.2f}x fewer host ops, "

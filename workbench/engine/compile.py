@@ -260,8 +260,8 @@ class _RecompileLimitWatch(logging.Handler):
             limit_type, limit, function, reason = "recompile_limit", "?", "?", record.getMessage()
         compiled.limit_hit = True
         compiled.notes.append((
-            f"compile: dynamo hit its {limit_type} ({limit}) on {function}, so what it meets past the limit "
-            f"runs eagerly: steps are slower than fully compiled ones. Each new graph came from a guard that "
+            f"compile: dynamo hit its {limit_type} ({limit}) on {function}, so the calls past the limit "
+            f"run eagerly: steps are slower than fully compiled ones. Each new graph came from a guard that "
             f"differs between {compiled.block_name} blocks or batches (last: {str(reason)[:200]}); "
             "TORCH_LOGS=recompiles lists them. compile=False skips compiling.", "warn"))
 
